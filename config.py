@@ -1,0 +1,89 @@
+"""The typed configuration schema: every default lives here, once.
+
+Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
+value of the wrong type fails at start-up. `train.py` and `sample.py` receive plain dataclasses.
+"""
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from model import GPTConfig
+
+
+@dataclass
+class ModelConfig(GPTConfig):
+    type: str = "gpt"  # gpt (model.py)
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # the corpus: stdlib (built in) | shakespeare_char | shakespeare | text
+    path: str | None = None  # a local UTF-8 text file or folder of .txt/.md files (instead of downloading)
+    url: str | None = None  # where a downloadable corpus comes from
+    tokenizer: str = "char"  # char (vocabulary from the corpus) | gpt2 (BPE through tiktoken)
+    bpe_file: str | None = None  # a local gpt2.tiktoken ranks file, for the gpt2 tokenizer offline
+    val_fraction: float = 0.1  # the last 10% of the token stream is the validation split
+    dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>/
+
+
+@dataclass
+class TrainConfig:
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
+    dtype: str = "auto"  # auto (bf16 autocast on CUDA where supported, else fp32) | float32 | bfloat16 | float16
+    compile: bool = False  # torch.compile the model (pays off on long GPU runs)
+    seed: int = 1337  # model init; data sampling uses seed + rank
+    batch_size: int = 32  # sequences per micro-batch, per process
+    tokens_per_step: int = 0  # tokens per optimizer step across processes; 0 means one micro-batch each
+    max_iters: int = 2000  # optimizer steps
+    learning_rate: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-4  # learning rate at the end of the cosine decay
+    warmup_iters: int = 100  # linear warmup steps
+    weight_decay: float = 0.1  # AdamW decay, on matrices only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # clip the global gradient norm; 0 disables
+    eval_interval: int = 250  # steps between validation estimates (and checkpoints)
+    eval_iters: int = 20  # validation batches per estimate (fixed batches, same every time)
+    checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
+    resume: bool = False  # continue from out_dir/ckpt.pt
+
+
+@dataclass
+class LoggerConfig:
+    log_interval: int = 10  # steps between metric lines
+    wandb: bool = False  # also log to Weights & Biases
+    wandb_project: str = "attnlab"
+    wandb_run_name: str | None = None  # None: the out_dir's name
+    wandb_mode: str = "online"  # online | offline | disabled
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    out_dir: str = "out"  # checkpoints, metrics, the resolved config and the loss curve
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = "out"  # the training run to sample from
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    prompt: str = "\n"  # text to continue
+    prompt_file: str | None = None  # read the prompt from this file instead
+    num_samples: int = 1  # samples, generated as one batch
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 is greedy; higher is more random
+    top_k: int | None = 200  # keep the k likeliest tokens; None keeps all
+    top_p: float | None = None  # keep the smallest set holding this much probability; None keeps all
+    seed: int = 1337
+    kv_cache: bool = True  # reuse past keys and values instead of recomputing the context each token
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+def register_configs():
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(name="sample_schema", node=SampleConfig)

@@ -1,0 +1,371 @@
+"""A compact causal transformer (GPT) with RoPE, grouped-query attention, padding masks and a KV cache.
+
+Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions,
+attention, MLP, block, the model, then generation. `train.py` trains it; `sample.py` samples from it.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256  # tokens in the vocabulary (set from the prepared corpus)
+    block_size: int = 256  # longest context the model sees, in tokens
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 6  # query heads per attention layer
+    n_kv_head: int | None = None  # key/value heads (grouped-query attention); None means n_head
+    n_embd: int = 384  # residual stream width
+    dropout: float = 0.0  # dropout on attention weights and residual branches; 0 for short runs
+    bias: bool = False  # biases in linear layers and LayerNorm (GPT-2 has them)
+    pos: str = "rope"  # position information: rope | learned | sinusoidal | none
+    rope_base: float = 10000.0  # RoPE frequency base (Su et al. 2021)
+    tie_weights: bool = True  # share the token embedding with the output head (Press & Wolf 2017)
+    attn: str = "sdpa"  # sdpa (fused kernels) | manual (the plain formula, can return weights)
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    mlp: str = "gelu"  # gelu (tanh approximation, as GPT-2) | relu2 (squared ReLU, Primer)
+    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+
+    def __post_init__(self):
+        checks = [
+            (self.vocab_size > 0, f"vocab_size={self.vocab_size} must be positive"),
+            (self.block_size > 0, f"block_size={self.block_size} must be positive"),
+            (self.n_layer > 0, f"n_layer={self.n_layer} must be positive"),
+            (self.n_head > 0, f"n_head={self.n_head} must be positive"),
+            (self.n_embd % self.n_head == 0,
+             f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd a multiple of n_head"),
+            (self.kv_heads > 0 and self.n_head % self.kv_heads == 0,
+             f"n_head={self.n_head} is not a multiple of n_kv_head={self.kv_heads}; pick n_kv_head dividing n_head"),
+            (self.pos in ("rope", "learned", "sinusoidal", "none"),
+             f"pos={self.pos!r} is unknown; use rope, learned, sinusoidal or none"),
+            (self.pos != "rope" or self.head_size % 2 == 0,
+             f"RoPE needs an even head size, got n_embd/n_head={self.head_size}; change n_embd or n_head"),
+            (self.pos != "sinusoidal" or self.n_embd % 2 == 0, f"sinusoidal positions need an even n_embd"),
+            (self.attn in ("sdpa", "manual"), f"attn={self.attn!r} is unknown; use sdpa or manual"),
+            (self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r} is unknown; use layernorm or rmsnorm"),
+            (self.mlp in ("gelu", "relu2"), f"mlp={self.mlp!r} is unknown; use gelu or relu2"),
+            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def kv_heads(self):
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_size(self):
+        return self.n_embd // self.n_head
+
+
+def make_norm(config, dim):
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(dim)
+    return nn.LayerNorm(dim, bias=config.bias)
+
+
+def sinusoidal_table(length, dim):
+    """The fixed position table of "Attention Is All You Need", (length, dim)."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)
+    return table
+
+
+def rope_tables(length, head_size, base):
+    """cos and sin of position * frequency, each (length, head_size/2)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each (x1, x2) pair of x (B, nh, T, hs) by its position's angle; cos/sin (B or 1, 1, T, hs/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+class KVCache:
+    """Keys and values of every layer, pre-allocated for batch_size sequences of up to max_len tokens."""
+
+    def __init__(self, config, batch_size, max_len, device, dtype):
+        shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)  # False at padding
+        self.padded = False
+        self.length = 0  # positions filled so far
+        self.max_len = max_len
+
+    def update(self, layer, k, v):
+        """Store k, v (B, n_kv_head, T, hs) after the filled positions; return all keys and values so far."""
+        end = self.length + k.size(2)
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    @property
+    def nbytes(self):
+        return self.k.nbytes + self.v.nbytes
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.layer, self.n_head, self.n_kv_head = layer, config.n_head, config.kv_heads
+        self.head_size, self.dropout, self.backend = config.head_size, config.dropout, config.attn
+        # Q = XW_Q, K = XW_K, V = XW_V as one fused matmul; K and V have n_kv_head heads each
+        self.c_attn = nn.Linear(config.n_embd, (config.n_head + 2 * config.kv_heads) * config.head_size, config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.q_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
+
+    def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split([self.n_head * self.head_size, self.n_kv_head * self.head_size,
+                                        self.n_kv_head * self.head_size], dim=2)
+        q = self.q_norm(q.view(B, T, self.n_head, self.head_size).transpose(1, 2))  # (B, nh, T, hs)
+        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2))  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # (B, nkv, S, hs), S = cached + T
+        # mask None with T > 1 means plain causal; with T == 1 the single query may see every key
+        is_causal = mask is None and T > 1
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if self.backend == "sdpa" and not return_weights:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                               enable_gqa=self.n_kv_head != self.n_head)
+        else:
+            y, weights = manual_attention(q, k, v, mask, is_causal, dropout_p)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, nh * hs)
+        return self.resid_dropout(self.c_proj(y)), weights
+
+
+def manual_attention(q, k, v, mask, is_causal, dropout_p=0.0):
+    """softmax(QKᵀ/√d_k)V written out; returns the output (B, nh, T, hs) and the weights (B, nh, T, S)."""
+    groups = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # GQA: share each K/V head
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, S)
+    if is_causal:
+        T, S = scores.shape[-2:]
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.relu2 = config.mlp == "relu2"
+
+    def forward(self, x):
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer):
+        super().__init__()
+        self.ln_1 = make_norm(config, config.n_embd)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = make_norm(config, config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
+        a, weights = self.attn(self.ln_1(x), rope, mask, cache, return_weights)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), weights
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+            ln_f=make_norm(config, config.n_embd),
+        ))
+        if config.pos == "learned":
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.pos == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+        if config.pos == "rope":
+            cos, sin = rope_tables(config.block_size, config.head_size, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by 1/√(2·n_layer)
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, embeddings=True):
+        """Parameters counted once (a tied head counts once); without embeddings drops wte and wpe."""
+        n = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            n -= sum(p.numel() for name, p in self.named_parameters() if name.startswith(("transformer.wte",
+                                                                                         "transformer.wpe")))
+        return n
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward): 6N for the matmuls plus 12·L·C·T for attention
+        (PaLM, appendix B). N counts the output head but not the embedding lookups."""
+        cfg, T = self.config, seq_len or self.config.block_size
+        n = self.num_params(embeddings=False) + self.lm_head.weight.numel()
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
+
+    def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False,
+                return_weights=False):
+        """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
+        continued from its filled positions. Returns logits (B, T, vocab), and the mean loss over real
+        target positions (None without targets); with return_weights also each layer's (B, nh, T, S)."""
+        B, T = idx.size()
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        mask, positions = None, torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
+        if cache is not None and attention_mask is not None:
+            cache.key_mask[:, start:start + T] = attention_mask
+            cache.padded = True
+        if attention_mask is not None or (cache is not None and cache.padded) or (start > 0 and T > 1):
+            key_mask = cache.key_mask[:, :start + T] if cache is not None else attention_mask.bool()  # (B, S)
+            # positions count real tokens only, so a left-padded sequence sees the positions it sees alone
+            positions = (key_mask.cumsum(1) - 1).clamp(min=0)[:, start:]  # (B, T)
+            query_pos = torch.arange(start, start + T, device=idx.device)[:, None]  # (T, 1)
+            key_pos = torch.arange(start + T, device=idx.device)[None]  # (1, S)
+            # causal and real keys only; each query also sees itself so that no row is empty (padded rows)
+            mask = ((key_pos <= query_pos) & key_mask[:, None, :]) | (key_pos == query_pos)  # (B, T, S)
+            mask = mask[:, None]  # (B, 1, T, S), broadcast over heads
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.pos == "learned":
+            x = x + self.transformer.wpe(positions)
+        elif self.config.pos == "sinusoidal":
+            x = x + self.sinusoid[positions]
+        elif self.config.pos == "rope":
+            rope = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])  # (B|1, 1, T, hs/2)
+        x = self.transformer.drop(x)
+        all_weights = []
+        for block in self.transformer.h:
+            x, weights = block(x, rope, mask, cache, return_weights)
+            all_weights.append(weights)
+        if cache is not None:
+            cache.length += T
+        x = self.transformer.ln_f(x)
+        if last_logits_only:
+            x = x[:, -1:]
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            if attention_mask is not None:
+                targets = targets.masked_fill(~attention_mask.bool(), -1)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        if return_weights:
+            return logits, loss, all_weights
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx, attention_mask=None):
+        """Each layer's attention weights (B, n_head, T, T), computed by the plain reference path."""
+        return self(idx, attention_mask=attention_mask, return_weights=True)[2]
+
+    @torch.no_grad()
+    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_tokens=None,
+                        generator=None, attention_mask=None, kv_cache=True):
+        """Yield the next token (B,) for max_new_tokens steps after the prompts idx (B, T), left-padded
+        where attention_mask (B, T) is False. temperature=0 is greedy. A sequence that emitted one of
+        stop_tokens repeats it until every sequence has stopped.
+
+        The cache holds block_size tokens. When it is full we keep the last block_size // 2 tokens and
+        rebuild the cache from them with one forward pass, so each token costs O(T) and the context never
+        exceeds what the model was trained on. Without the cache, every step recomputes the last block_size
+        tokens (nanoGPT's way), which sees up to block_size - 1 earlier tokens instead."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        B = idx.size(0)
+        mask = torch.ones_like(idx, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        padded = attention_mask is not None
+        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
+        stops = torch.tensor(sorted(stop_tokens or []), dtype=torch.long, device=idx.device)
+        cache, block = None, self.config.block_size
+        dtype = (torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type)
+                 else self.lm_head.weight.dtype)
+        for _ in range(max_new_tokens):
+            if not kv_cache:
+                logits, _ = self(idx[:, -block:], attention_mask=mask[:, -block:] if padded else None,
+                                 last_logits_only=True)
+            elif cache is None or cache.length == block:
+                keep = block if cache is None else block // 2
+                cache = KVCache(self.config, B, block, idx.device, dtype)
+                logits, _ = self(idx[:, -keep:], attention_mask=mask[:, -keep:] if padded else None, cache=cache,
+                                 last_logits_only=True)
+            else:
+                logits, _ = self(idx[:, -1:], cache=cache, last_logits_only=True)
+            next_token = sample_token(logits[:, -1].float(), temperature, top_k, top_p, generator)  # (B,)
+            if stops.numel():
+                next_token = torch.where(done, idx[:, -1], next_token)
+                done |= torch.isin(next_token, stops)
+            idx = torch.cat([idx, next_token[:, None]], dim=1)
+            mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+            yield next_token
+            if stops.numel() and done.all():
+                return
+
+    def generate(self, idx, max_new_tokens, **kwargs):
+        """The prompts idx (B, T) followed by up to max_new_tokens tokens; arguments as generate_stream."""
+        new = list(self.generate_stream(idx, max_new_tokens, **kwargs))
+        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+
+
+def check_sampling(max_new_tokens, temperature, top_k, top_p):
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be >= 1, or unset to keep every token")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} must be in (0, 1]; 1 keeps every token")
+
+
+def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """One token per row of logits (B, vocab): greedy at temperature 0, else from the top-k / nucleus."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the tokens before it already hold top_p of the mass (the first always stays)
+        drop = probs.cumsum(dim=-1) - probs > top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
