@@ -1,0 +1,237 @@
+"""model.py against independent references: the attention formula, causality, positions, the KV cache, padding."""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig, KVCache, apply_rope, rope_tables, sample_token
+
+POS = ["rope", "learned", "sinusoidal", "none"]
+ATTN = ["sdpa", "manual"]
+
+
+def tiny(**kw):
+    cfg = dict(vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32)
+    cfg.update(kw)
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**cfg)).eval()
+
+
+@pytest.mark.parametrize("attn", ATTN)
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_attention_equals_plain_softmax_formula(attn, n_kv_head):
+    model = tiny(attn=attn, n_kv_head=n_kv_head, pos="none")
+    layer = model.transformer.h[0].attn
+    x = torch.randn(2, 9, 32)
+    y, _ = layer(x)
+    # the reference, written from the formula: per head softmax(QKᵀ/√d_k + causal mask)V, concat, project
+    q, k, v = layer.c_attn(x).split([32, 8 * layer.n_kv_head, 8 * layer.n_kv_head], dim=2)
+    heads = []
+    for h in range(4):
+        kv = h // (4 // layer.n_kv_head)
+        qh, kh, vh = q[..., 8 * h:8 * h + 8], k[..., 8 * kv:8 * kv + 8], v[..., 8 * kv:8 * kv + 8]
+        scores = qh @ kh.transpose(1, 2) / math.sqrt(8)
+        scores = scores.masked_fill(torch.ones(9, 9).triu(1).bool(), float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ vh)
+    expected = layer.c_proj(torch.cat(heads, dim=-1))
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_maps_are_causal_distributions():
+    model = tiny(attn="manual")
+    maps = model.attention_maps(torch.randint(0, 37, (2, 12)))
+    assert len(maps) == 2 and maps[0].shape == (2, 4, 12, 12)
+    for w in maps:
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 12))
+        assert (w.triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("attn", ATTN)
+@pytest.mark.parametrize("pos", POS)
+def test_future_tokens_do_not_change_past_logits(attn, pos):
+    model = tiny(attn=attn, pos=pos)
+    x = torch.randint(0, 37, (1, 20))
+    changed = x.clone()
+    changed[0, 11:] = (changed[0, 11:] + 5) % 37
+    a, b = model(x)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :11], b[:, :11], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 11:], b[:, 11:])
+
+
+def attention_stack(model, x):
+    """The attention sublayers alone (no MLP, no causal mask), to test what order information they get."""
+    h = model.transformer.wte(x)
+    if model.config.pos == "learned":
+        h = h + model.transformer.wpe(torch.arange(x.size(1)))
+    if model.config.pos == "sinusoidal":
+        h = h + model.sinusoid[: x.size(1)]
+    rope = None
+    if model.config.pos == "rope":
+        rope = (model.rope_cos[: x.size(1)][None, None], model.rope_sin[: x.size(1)][None, None])
+    full = torch.ones(x.size(1), x.size(1), dtype=torch.bool)
+    for block in model.transformer.h:
+        h = h + block.attn(block.ln_1(h), rope, full)[0]
+    return h
+
+
+@pytest.mark.parametrize("pos", POS)
+def test_only_position_encodings_make_attention_order_aware(pos):
+    model = tiny(pos=pos)
+    x = torch.randint(0, 37, (1, 10))
+    perm = torch.randperm(10)
+    out, out_perm = attention_stack(model, x), attention_stack(model, x[:, perm])
+    equivariant = torch.allclose(out[:, perm], out_perm, atol=1e-5)
+    assert equivariant == (pos == "none")
+
+
+def test_rope_scores_depend_only_on_relative_offset():
+    cos, sin = rope_tables(64, 16, 10000.0)
+    q, k = torch.randn(16), torch.randn(16)
+
+    def score(i, j):
+        qi = apply_rope(q.view(1, 1, 1, 16), cos[i].view(1, 1, 1, 8), sin[i].view(1, 1, 1, 8))
+        kj = apply_rope(k.view(1, 1, 1, 16), cos[j].view(1, 1, 1, 8), sin[j].view(1, 1, 1, 8))
+        return (qi * kj).sum()
+
+    torch.testing.assert_close(score(7, 3), score(40, 36), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(score(7, 3), score(7, 5))
+
+
+def cached_logits(model, x, prefill, mask=None):
+    cache = KVCache(model.config, x.size(0), model.config.block_size, "cpu", torch.float32)
+    pieces = [model(x[:, :prefill], attention_mask=None if mask is None else mask[:, :prefill], cache=cache)[0]]
+    for t in range(prefill, x.size(1)):
+        pieces.append(model(x[:, t:t + 1], cache=cache)[0])
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("pos", POS)
+@pytest.mark.parametrize("n_kv_head", [None, 1])
+def test_kv_cache_prefill_and_decode_equal_full_forward(pos, n_kv_head):
+    model = tiny(pos=pos, n_kv_head=n_kv_head)
+    x = torch.randint(0, 37, (2, 24))
+    torch.testing.assert_close(cached_logits(model, x, 10), model(x)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pos", POS)
+def test_kv_cache_with_left_padded_batch(pos):
+    model = tiny(pos=pos, n_kv_head=2)
+    x = torch.randint(0, 37, (2, 20))
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, :6] = False
+    full = model(x, attention_mask=mask)[0]
+    torch.testing.assert_close(cached_logits(model, x, 9, mask)[mask], full[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ATTN)
+@pytest.mark.parametrize("pos", POS)
+def test_left_padding_gives_each_sequence_its_own_logits(attn, pos):
+    model = tiny(attn=attn, pos=pos)
+    a, b = torch.randint(0, 37, (1, 15)), torch.randint(0, 37, (1, 9))
+    batch = torch.cat([a, torch.cat([torch.zeros(1, 6, dtype=torch.long), b], dim=1)])
+    mask = torch.ones(2, 15, dtype=torch.bool)
+    mask[1, :6] = False
+    logits = model(batch, attention_mask=mask)[0]
+    torch.testing.assert_close(logits[0], model(a)[0][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[1, 6:], model(b)[0][0], atol=1e-5, rtol=0)
+
+
+def test_padding_is_excluded_from_the_loss():
+    model = tiny()
+    b = torch.randint(0, 37, (1, 9))
+    padded = torch.cat([torch.full((1, 4), 3), b], dim=1)
+    mask = torch.cat([torch.zeros(1, 4, dtype=torch.bool), torch.ones(1, 9, dtype=torch.bool)], dim=1)
+    targets = torch.cat([torch.full((1, 4), 5), torch.randint(0, 37, (1, 9))], dim=1)
+    padded_loss = model(padded, targets, attention_mask=mask)[1]
+    torch.testing.assert_close(padded_loss, model(b, targets[:, 4:])[1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pos", POS)
+def test_greedy_generation_same_with_and_without_cache(pos):
+    model = tiny(pos=pos, n_kv_head=2)
+    prompt = torch.randint(0, 37, (2, 5))
+    with_cache = model.generate(prompt, 27, temperature=0)  # fills the 32-token context exactly
+    without = model.generate(prompt, 27, temperature=0, kv_cache=False)
+    assert torch.equal(with_cache, without)
+
+
+def test_generation_past_block_size_slides_the_window():
+    model = tiny(pos="learned")
+    out = model.generate(torch.randint(0, 37, (1, 5)), 100, temperature=0)
+    assert out.shape == (1, 105)
+
+
+def test_generation_is_seeded_and_stops_at_stop_tokens():
+    model = tiny()
+    prompt = torch.randint(0, 37, (3, 4))
+    a = model.generate(prompt, 20, generator=torch.Generator().manual_seed(1))
+    b = model.generate(prompt, 20, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    stopped = model.generate(prompt, 200, stop_tokens=range(37), generator=torch.Generator().manual_seed(1))
+    assert stopped.shape == (3, 5)
+
+
+def test_top_k_and_top_p_keep_only_likely_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    draws = lambda **kw: {sample_token(logits, generator=torch.Generator().manual_seed(s), **kw).item()
+                          for s in range(200)}
+    assert draws(top_k=2) == {0, 1}
+    assert draws(top_p=0.7) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 covers it
+    assert draws(top_p=0.4) == {0}
+    assert draws(temperature=0) == {0}
+    assert draws() == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k")])
+def test_bad_sampling_arguments(kw, message):
+    model = tiny()
+    args = dict(max_new_tokens=3)
+    args.update(kw)
+    with pytest.raises(ValueError, match=message):
+        model.generate(torch.zeros(1, 1, dtype=torch.long), **args)
+
+
+def test_loss_at_init_is_near_uniform_and_one_batch_overfits():
+    torch.manual_seed(0)
+    model = tiny(vocab_size=65).train()
+    x, y = torch.randint(0, 65, (4, 32)), torch.randint(0, 65, (4, 32))
+    loss = model(x, y)[1]
+    assert abs(loss.item() - math.log(65)) < 0.1
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = model(x, y)[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def test_weight_tying_parameter_counts_and_flops():
+    model = tiny()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    blocks = sum(p.numel() for p in model.transformer.h.parameters()) + 32  # + ln_f weight
+    assert model.num_params(embeddings=False) == blocks
+    assert model.num_params() == blocks + 37 * 32
+    assert GPT(GPTConfig(vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32, tie_weights=False)
+               ).num_params() == blocks + 2 * 37 * 32
+    assert model.flops_per_token() == 6 * (blocks + 37 * 32) + 12 * 2 * 32 * 32
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(n_embd=130, n_head=4), "n_embd=130 is not divisible by n_head=4"),
+    (dict(n_embd=36, n_head=4, pos="rope"), "RoPE needs an even head size"),
+    (dict(n_head=4, n_kv_head=3), "not a multiple of n_kv_head=3"),
+    (dict(pos="alibi"), "pos='alibi' is unknown"), (dict(attn="flash"), "attn='flash' is unknown"),
+    (dict(dropout=1.0), "dropout"), (dict(block_size=0), "block_size")])
+def test_bad_configs_name_the_fix(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**kw)
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2])
+def test_sdpa_and_manual_backends_agree(n_kv_head):
+    a, b = tiny(attn="sdpa", n_kv_head=n_kv_head), tiny(attn="manual", n_kv_head=n_kv_head)
+    x = torch.randint(0, 37, (2, 16))
+    torch.testing.assert_close(a(x)[0], b(x)[0], atol=1e-5, rtol=0)
