@@ -1,0 +1,142 @@
+"""export.py against transformers' own GPT-2: same logits and same greedy tokens, both directions; offline."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from config import ModelConfig  # noqa: E402
+from export import from_hf, gpt2_config_problems, to_hf  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=101)
+
+
+def tiny_gpt2_config():
+    # no bos/eos: HF would otherwise stop generating at token 50256, which this vocabulary lacks anyway
+    return transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=101, resid_pdrop=0.0,
+                                   embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+
+
+def scramble(model):
+    """Weights far from the defaults: zero biases and unit LayerNorms would hide a mapping that drops or swaps
+    them, and with GPT-2's small init greedy decoding repeats one token, which hides cache and position bugs."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def tiny_ours():
+    return scramble(GPT(GPTConfig(**TINY, pos="learned", norm="layernorm", bias=True, mlp="gelu", tie_weights=True)))
+
+
+def assert_same_as_hf(ours, hf, n_new=20):
+    torch.manual_seed(1)
+    idx = torch.randint(0, 101, (2, 16))
+    with torch.no_grad():
+        diff = (ours(idx)[0] - hf(idx).logits).abs().max().item()
+    assert diff < 1e-4
+    prompt = idx[:, :6]
+    expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=n_new,
+                           pad_token_id=0)
+    assert len(set(expected[0, 6:].tolist())) > 3  # a varied continuation, so every step's token is checked
+    for kv_cache in (True, False):
+        got = ours.generate(prompt, n_new, temperature=0, kv_cache=kv_cache)
+        assert torch.equal(got, expected), f"kv_cache={kv_cache}"
+    return diff
+
+
+def test_from_hf_matches_transformers(tmp_path):
+    hf = scramble(transformers.GPT2LMHeadModel(tiny_gpt2_config()))
+    hf.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path)
+    assert not ours.training and ours.lm_head.weight.dtype == torch.float32 and ours.lm_head.weight.device.type == "cpu"
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    assert_same_as_hf(ours, hf)
+
+
+def test_to_hf_loads_in_transformers(tmp_path):
+    ours = tiny_ours()
+    to_hf(ours, tmp_path)
+    assert (tmp_path / "config.json").exists() and (tmp_path / "model.safetensors").exists()
+    assert_same_as_hf(ours, transformers.GPT2LMHeadModel.from_pretrained(tmp_path))
+
+
+def test_round_trip_keeps_every_tensor(tmp_path):
+    ours = tiny_ours()
+    to_hf(ours, tmp_path)
+    back = from_hf(tmp_path).state_dict()
+    for name, w in ours.state_dict().items():
+        assert torch.equal(back[name], w), name
+
+
+def test_incompatible_model_names_what_to_change(tmp_path):
+    model = GPT(GPTConfig(**TINY, pos="rope", norm="rmsnorm", bias=False))
+    with pytest.raises(ValueError, match="not GPT-2-compatible") as err:
+        to_hf(model, tmp_path)
+    for field in ("pos='rope'", "norm='rmsnorm'", "bias=False"):
+        assert field in str(err.value)
+    assert not (tmp_path / "config.json").exists()
+    gqa = GPTConfig(**TINY, pos="learned", bias=True, n_kv_head=2)
+    assert [p.split("=")[0] for p in gpt2_config_problems(gqa)] == ["n_kv_head"]
+    assert gpt2_config_problems(GPTConfig(**TINY, pos="learned", bias=True, n_kv_head=4, attn="manual")) == []
+
+
+def test_gpt2_preset_is_gpt2_compatible():
+    from omegaconf import OmegaConf
+    preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "configs/model/gpt2.yaml"))
+    config = OmegaConf.to_object(preset)
+    assert gpt2_config_problems(config) == []
+    assert (config.n_layer, config.n_head, config.n_embd, config.block_size, config.vocab_size) == (
+        12, 12, 768, 1024, 50257)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_exports_a_checkpoint(tmp_path):
+    ours = tiny_ours()
+    out = tmp_path / "out"
+    out.mkdir()
+    model_config = dict(vars(ours.config), type="gpt")  # as train.py saves it, with config.py's extra "type"
+    torch.save({"model": ours.state_dict(), "model_config": model_config, "iter_num": 7}, out / "ckpt.pt")
+    result = run_cli(f"out_dir={out}")
+    assert result.returncode == 0, result.stderr
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out / "hf")
+    idx = torch.randint(0, 101, (1, 10))
+    with torch.no_grad():
+        assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("args", [["out_dir=does/not/exist"], [], ["out_dir=x", "colour=blue"]])
+def test_cli_errors_are_one_line(args):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+
+def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+    monkeypatch.chdir(tmp_path)  # so that "gpt2" cannot be a local folder
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads these once at import, which importorskip above already did
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError) as err:
+        from_hf("gpt2")
+    message = str(err.value)
+    assert "'gpt2'" in message and "offline" in message and "save_pretrained" in message
+    assert "\n" not in message
