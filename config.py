@@ -23,7 +23,7 @@ class DataConfig:
     tokenizer: str = "char"  # char (vocabulary from the corpus) | gpt2 (BPE through tiktoken)
     bpe_file: str | None = None  # a local gpt2.tiktoken ranks file, for the gpt2 tokenizer offline
     val_fraction: float = 0.1  # the last 10% of the token stream is the validation split
-    dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>/
+    dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>-<source hash>/
 
 
 @dataclass
@@ -32,17 +32,17 @@ class TrainConfig:
     dtype: str = "auto"  # auto (bf16 autocast on CUDA where supported, else fp32) | float32 | bfloat16 | float16
     compile: bool = False  # torch.compile the model (pays off on long GPU runs)
     seed: int = 1337  # model init; data sampling uses seed + rank
-    batch_size: int = 32  # sequences per micro-batch, per process
+    batch_size: int = 16  # sequences per micro-batch, per process
     tokens_per_step: int = 0  # tokens per optimizer step across processes; 0 means one micro-batch each
-    max_iters: int = 2000  # optimizer steps
-    learning_rate: float = 1e-3  # peak learning rate
+    max_iters: int = 1000  # optimizer steps
+    learning_rate: float = 2e-3  # peak learning rate
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay
     warmup_iters: int = 100  # linear warmup steps
     weight_decay: float = 0.1  # AdamW decay, on matrices only
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # clip the global gradient norm; 0 disables
-    eval_interval: int = 250  # steps between validation estimates (and checkpoints)
+    eval_interval: int = 200  # steps between validation estimates (and checkpoints)
     eval_iters: int = 20  # validation batches per estimate (fixed batches, same every time)
     checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
     resume: bool = False  # continue from out_dir/ckpt.pt
@@ -71,6 +71,7 @@ class SampleConfig:
     out_dir: str = "out"  # the training run to sample from
     checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
     prompt: str = "\n"  # text to continue
+    prompts: list[str] = field(default_factory=list)  # several prompts, sampled as one left-padded batch
     prompt_file: str | None = None  # read the prompt from this file instead
     num_samples: int = 1  # samples, generated as one batch
     max_new_tokens: int = 500

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 @dataclass
 class GPTConfig:
     vocab_size: int = 256  # tokens in the vocabulary (set from the prepared corpus)
-    block_size: int = 256  # longest context the model sees, in tokens
-    n_layer: int = 6  # transformer blocks
-    n_head: int = 6  # query heads per attention layer
+    block_size: int = 128  # longest context the model sees, in tokens
+    n_layer: int = 4  # transformer blocks
+    n_head: int = 4  # query heads per attention layer
     n_kv_head: int | None = None  # key/value heads (grouped-query attention); None means n_head
-    n_embd: int = 384  # residual stream width
+    n_embd: int = 192  # residual stream width
     dropout: float = 0.0  # dropout on attention weights and residual branches; 0 for short runs
     bias: bool = False  # biases in linear layers and LayerNorm (GPT-2 has them)
     pos: str = "rope"  # position information: rope | learned | sinusoidal | none

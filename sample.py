@@ -1,0 +1,120 @@
+"""Sample text from a trained model; the checkpoint alone rebuilds the model and its tokenizer.
+
+    python sample.py                                   # continue "\\n" from the default run in out/
+    python sample.py out_dir=out/mini prompt="ROMEO:" num_samples=3 max_new_tokens=300 top_k=50 top_p=0.95
+    python sample.py out_dir=out/mini 'prompts=[ROMEO:,JULIET:]'   # several prompts in one padded batch
+    python sample.py out_dir=out/mini prompt_file=prompt.txt kv_cache=false
+"""
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import OmegaConf
+
+from config import ModelConfig, SampleConfig, register_configs
+from data.prepare import load_tokenizer
+from model import check_sampling
+from train import autocast_dtype, build_model, load_checkpoint, pick_device
+
+register_configs()
+
+
+def load_model(out_dir, which, device):
+    if which not in ("best", "latest"):
+        raise ValueError(f"checkpoint={which!r} is unknown; use best or latest")
+    out_dir = Path(out_dir)
+    candidates = [out_dir / "best.pt", out_dir / "ckpt.pt"] if which == "best" else [out_dir / "ckpt.pt"]
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {out_dir}; train one with: python train.py out_dir={out_dir}")
+    ckpt = load_checkpoint(path)
+    model = build_model(ModelConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), load_tokenizer(ckpt["meta"])
+
+
+def encode_prompts(prompts, tokenizer, block_size, device):
+    """Token ids (B, T), left-padded, and the mask of real tokens (or None when all have one length)."""
+    encoded = [tokenizer.encode(p) for p in prompts]
+    for p, ids in zip(prompts, encoded):
+        if not ids:
+            raise ValueError("the prompt is empty; pass prompt=TEXT (a newline is a good neutral start)")
+        if len(ids) > block_size:
+            raise ValueError(f"prompt {p[:20]!r}... is {len(ids)} tokens, longer than the model's block_size="
+                             f"{block_size}; shorten it")
+    width = max(len(ids) for ids in encoded)
+    idx = torch.tensor([[0] * (width - len(ids)) + ids for ids in encoded], device=device)
+    mask = torch.tensor([[False] * (width - len(ids)) + [True] * len(ids) for ids in encoded], device=device)
+    return idx, None if mask.all() else mask
+
+
+def sample(cfg: SampleConfig, out=sys.stdout):
+    """Generate as cfg says; streams a single sample to `out`, prints a batch as each finishes. Returns texts."""
+    check_sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+    if cfg.num_samples < 1:
+        raise ValueError(f"num_samples={cfg.num_samples} must be >= 1")
+    device = pick_device(cfg.device)
+    dtype = autocast_dtype(device, cfg.dtype)
+    model, tokenizer = load_model(cfg.out_dir, cfg.checkpoint, device)
+    if cfg.prompt_file:
+        if not Path(cfg.prompt_file).is_file():
+            raise FileNotFoundError(f"prompt_file={cfg.prompt_file} does not exist; pass an existing text file")
+        prompts = [Path(cfg.prompt_file).read_text(encoding="utf-8")]
+    else:
+        prompts = cfg.prompts or [cfg.prompt]
+    prompts = [p for p in prompts for _ in range(cfg.num_samples)]
+    idx, mask = encode_prompts(prompts, tokenizer, model.config.block_size, device)
+    torch.manual_seed(cfg.seed)
+    generator = torch.Generator(device).manual_seed(cfg.seed)
+    stop = getattr(tokenizer, "eot_token", None)
+    stream = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                                   top_p=cfg.top_p, stop_tokens=[stop] if stop is not None else None,
+                                   generator=generator, attention_mask=mask, kv_cache=cfg.kv_cache)
+    new_tokens, shown = [], 0
+    if len(prompts) == 1:
+        out.write(prompts[0])
+    with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+        for token in stream:
+            new_tokens.append(token.tolist())
+            if len(prompts) == 1:  # stream; hold back a partly decoded multi-byte character
+                text = tokenizer.decode([t[0] for t in new_tokens if t[0] != stop])
+                if not text.endswith("\ufffd"):
+                    out.write(text[shown:])
+                    out.flush()
+                    shown = len(text)
+    texts = []
+    for i, prompt in enumerate(prompts):
+        ids = [step[i] for step in new_tokens]
+        ids = ids[:ids.index(stop)] if stop in ids else ids
+        texts.append(prompt + tokenizer.decode(ids))
+    if len(prompts) == 1:
+        out.write(texts[0][len(prompts[0]) + shown:] + "\n")
+    else:
+        out.write("\n---------------\n".join(texts) + "\n")
+    return texts
+
+
+def quote_prompts(argv):
+    """Hydra's override grammar rejects parentheses, quotes and most symbols in a bare value, but a prompt is
+    free text: pass prompt=... through as one quoted string (escaping quotes, backslashes and ${)."""
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if key == "prompt" and sep:
+            argv[i] = "prompt='" + value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
+    return argv
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+def main(dict_cfg):
+    try:
+        sample(OmegaConf.to_object(dict_cfg))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    quote_prompts(sys.argv)
+    main()

@@ -1,0 +1,353 @@
+"""Train a GPT on a text corpus.
+
+    python train.py                                     # built-in corpus (Python's stdlib), a few CPU minutes
+    python train.py experiment=shakespeare_char         # a recipe from configs/experiment/
+    python train.py model.n_layer=4 train.max_iters=500 out_dir=out/mini
+    python train.py train.resume=true out_dir=out/mini  # continue exactly where a run stopped
+    torchrun --standalone --nproc_per_node=2 train.py   # DDP: one process per device
+
+Every option and its default is in config.py; configs/ holds named presets. `train(cfg)` is the whole story.
+"""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from config import Config, ModelConfig, register_configs
+from data.prepare import load_meta, load_split, prepare
+from model import GPT
+
+register_configs()
+
+
+def pick_device(name):
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def autocast_dtype(device, name):
+    """The dtype to autocast to, or None for plain fp32. auto: bf16 on CUDA where supported."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"train.dtype={name!r} is unknown; use auto, float32, bfloat16 or float16")
+    return None if name == "float32" else getattr(torch, name)
+
+
+def build_model(model_cfg):
+    if model_cfg.type == "gpt":
+        return GPT(model_cfg)
+    raise ValueError(f"model.type={model_cfg.type!r} is unknown; use gpt")
+
+
+def get_batch(data, batch_size, block_size, generator, device):
+    """batch_size random windows of data: inputs x (B, T) and targets y = x shifted left by one."""
+    starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
+    rows = data[starts[:, None] + np.arange(block_size + 1)]  # (B, T + 1), one gather from the memmap
+    batch = torch.from_numpy(rows.astype(np.int64))
+    x, y = batch[:, :-1], batch[:, 1:]
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+@torch.no_grad()
+def estimate_loss(model, splits, cfg, device, autocast):
+    """Mean loss over eval_iters batches per split; the same batches every time, so estimates compare."""
+    model.eval()
+    losses = {}
+    for name, data in splits.items():
+        generator = torch.Generator().manual_seed(cfg.train.seed)
+        total = 0.0
+        for _ in range(cfg.train.eval_iters):
+            x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, device)
+            with autocast:
+                total += model(x, y)[1].item()
+        losses[name] = total / cfg.train.eval_iters
+    model.train()
+    return losses
+
+
+def get_lr(it, cfg):
+    """Linear warmup to learning_rate, then cosine decay to min_lr at max_iters."""
+    t = cfg.train
+    if it < t.warmup_iters:
+        return t.learning_rate * (it + 1) / t.warmup_iters
+    progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
+    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (t.learning_rate - t.min_lr)
+
+
+def make_optimizer(model, cfg, device):
+    """AdamW with weight decay on matrices only (not on norms, biases or vectors)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.train.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.train.learning_rate, betas=(cfg.train.beta1, cfg.train.beta2),
+                             fused=device.type == "cuda")
+
+
+def save_checkpoint(path, state):
+    """Write to a temporary file, then rename: a crash leaves the old checkpoint or the new, never a torn one."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated file, or one that only an unsafe unpickler would read
+        raise ValueError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}; delete it or pick another "
+                         f"out_dir") from None
+
+
+def check_same_model(saved, current, out_dir):
+    differ = [f"{k}={saved.get(k)!r} vs {v!r}" for k, v in current.items() if saved.get(k) != v]
+    if differ:
+        raise ValueError(f"checkpoint in {out_dir} was trained with another model (saved vs now): "
+                         f"{', '.join(differ)}; drop those overrides or use a new out_dir")
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def plot_losses(out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    logs, evals = [r for r in rows if r["event"] == "log"], [r for r in rows if r["event"] == "eval"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["iter"] for r in logs], [r["train_loss"] for r in logs], lw=0.8, alpha=0.6, label="train (batch)")
+    ax.plot([r["iter"] for r in evals], [r["val_loss"] for r in evals], "o-", label="val")
+    ax.set(xlabel="iteration", ylabel="loss (nats/token)", title=out_dir.name)
+    ax.legend()
+    fig.savefig(out_dir / "loss.png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def train(cfg: Config):
+    """Train as cfg says; returns a summary of the run. Raises ValueError for a config or data mistake."""
+    # ---- setup: processes, device, seeds ----
+    distributed = "RANK" in os.environ
+    rank, local_rank, world_size = 0, 0, 1
+    device = pick_device(cfg.train.device)
+    if distributed:
+        rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    master = rank == 0
+    dtype = autocast_dtype(device, cfg.train.dtype)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    tokens_per_micro = cfg.train.batch_size * cfg.model.block_size * world_size
+    grad_accum = max(1, cfg.train.tokens_per_step // tokens_per_micro)
+    if cfg.train.tokens_per_step and grad_accum * tokens_per_micro != cfg.train.tokens_per_step:
+        raise ValueError(f"train.tokens_per_step={cfg.train.tokens_per_step} is not a multiple of batch_size x "
+                         f"block_size x processes = {tokens_per_micro}; change one of them")
+    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
+        if getattr(cfg.train, name) <= 0:
+            raise ValueError(f"train.{name}={getattr(cfg.train, name)} must be positive")
+    if cfg.train.learning_rate <= 0 or cfg.train.min_lr < 0:
+        raise ValueError(f"train.learning_rate={cfg.train.learning_rate} must be positive (min_lr >= 0)")
+    out_dir = Path(cfg.out_dir)
+    ckpt_path = out_dir / "ckpt.pt"
+    if ckpt_path.exists() and not cfg.train.resume:
+        raise ValueError(f"{out_dir} already holds a checkpoint; pass train.resume=true to continue it, or a new "
+                         f"out_dir=... (nothing is overwritten)")
+    if cfg.train.resume and not ckpt_path.exists():
+        raise FileNotFoundError(f"train.resume=true but {ckpt_path} does not exist; train without resume first")
+
+    # ---- data: rank 0 prepares the corpus once, the others wait and read it ----
+    if master:
+        data_dir = prepare(cfg.data, cfg.model.block_size)
+    if distributed:
+        dist.barrier()
+        data_dir = prepare(cfg.data, cfg.model.block_size)
+    meta = load_meta(data_dir)
+    splits = {"train": load_split(data_dir, "train"), "val": load_split(data_dir, "val")}
+    model_cfg = replace(cfg.model, vocab_size=meta["vocab_size"])
+    cfg = replace(cfg, model=model_cfg)
+
+    # ---- model: from scratch, or resumed from the checkpoint ----
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = build_model(model_cfg).to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    start_iter, best_val, elapsed_before = 0, float("inf"), 0.0
+    if cfg.train.resume:
+        ckpt = load_checkpoint(ckpt_path)
+        check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
+        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:
+            raise ValueError(f"checkpoint in {out_dir} used another tokenizer or vocabulary than data={cfg.data.name}"
+                             f"; resume with the run's original data settings")
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_iter, best_val, elapsed_before = ckpt["iter"], ckpt["best_val_loss"], ckpt["elapsed_s"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+    raw_model = model
+    data_rng = torch.Generator()
+    if cfg.train.compile:
+        model = torch.compile(model)
+    eval_model = model
+    if distributed:
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False)
+
+    def checkpoint_state(it):
+        return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model_config": asdict(model_cfg), "config": asdict(cfg), "meta": meta, "iter": it,
+                "best_val_loss": best_val, "elapsed_s": elapsed_before + time.time() - t_start,
+                "rng": {"torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}
+
+    # ---- the run's receipt: resolved config, command line, commit ----
+    if master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        receipt = {"config": asdict(cfg), "argv": sys.argv, "git_commit": git_commit(), "world_size": world_size}
+        (out_dir / "config.json").write_text(json.dumps(receipt, indent=2))
+        n_params = raw_model.num_params()
+        print(f"{model_cfg.type}: {n_params / 1e6:.2f}M parameters | data {cfg.data.name} ({meta['vocab_size']} "
+              f"tokens vocab, {len(splits['train']):,} train tokens) | device {device}, {world_size} process(es), "
+              f"{dtype or torch.float32} | {grad_accum} micro-step(s) of {tokens_per_micro:,} tokens per step")
+        metrics_path = out_dir / "metrics.jsonl"
+        if metrics_path.exists():  # drop lines a killed run logged after its last checkpoint
+            lines = metrics_path.read_text().splitlines()
+            metrics_path.write_text("".join(line + "\n" for line in lines if json.loads(line)["iter"] <= start_iter))
+        metrics = metrics_path.open("a")
+        wandb_run = None
+        if cfg.logger.wandb:
+            import wandb
+            wandb_run = wandb.init(project=cfg.logger.wandb_project, name=cfg.logger.wandb_run_name or out_dir.name,
+                                   mode=cfg.logger.wandb_mode, config=asdict(cfg), dir=str(out_dir))
+
+    def log(event, **values):
+        row = {"event": event, "iter": it, "elapsed_s": round(elapsed_before + time.time() - t_start, 3), **values}
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+        if wandb_run:
+            wandb_run.log({k: v for k, v in row.items() if k != "event"}, step=it)
+
+    # ---- the loop ----
+    stop_signals = []
+    handlers = {s: signal.signal(s, lambda signum, _: stop_signals.append(signum))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    ckpt_interval = cfg.train.checkpoint_interval or cfg.train.eval_interval
+    tokens_per_iter = tokens_per_micro * grad_accum
+    progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not master, dynamic_ncols=True,
+                    mininterval=1.0, file=sys.stdout)
+    t_start = t_last = time.time()
+    it, loss_value, tokens_per_sec = start_iter, float("nan"), 0.0
+    try:
+        while True:
+            resumed_here = cfg.train.resume and it == start_iter  # the killed run already evaluated here
+            if master and not resumed_here and (it % cfg.train.eval_interval == 0 or it == cfg.train.max_iters):
+                losses = estimate_loss(eval_model, splits, cfg, device, autocast)
+                log("eval", train_loss=losses["train"], val_loss=losses["val"], lr=get_lr(it, cfg))
+                progress.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                if losses["val"] < best_val:
+                    best_val = losses["val"]
+                    save_checkpoint(out_dir / "best.pt", checkpoint_state(it))
+            if (it % ckpt_interval == 0 and it != start_iter) or it == cfg.train.max_iters:
+                state = checkpoint_state(it)
+                if master:
+                    save_checkpoint(ckpt_path, state)
+            stop = torch.tensor(float(bool(stop_signals)))
+            if distributed:  # every rank stops at the same step, or the others would wait forever
+                dist.all_reduce(stop)
+            if it == cfg.train.max_iters or stop.item():
+                break
+            lr = get_lr(it, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            # the batches of step `it` depend only on (seed, it, rank): a resumed run draws the same data
+            data_rng.manual_seed((cfg.train.seed * 1_000_003 + it) * world_size + rank)
+            for micro in range(grad_accum):
+                x, y = get_batch(splits["train"], cfg.train.batch_size, model_cfg.block_size, data_rng, device)
+                sync = micro == grad_accum - 1  # DDP all-reduces gradients on the last micro-step only
+                with (model.no_sync() if distributed and not sync else nullcontext()), autocast:
+                    loss = model(x, y)[1] / grad_accum
+                scaler.scale(loss).backward()
+            if cfg.train.grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            it += 1
+            progress.update()
+            if it % cfg.logger.log_interval == 0 and master:
+                loss_value = loss.item() * grad_accum
+                now = time.time()
+                tokens_per_sec = tokens_per_iter * cfg.logger.log_interval / (now - t_last)
+                t_last = now
+                log("log", train_loss=loss_value, lr=lr, tokens_per_sec=round(tokens_per_sec))
+                progress.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+    finally:
+        progress.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    if stop_signals:
+        state = checkpoint_state(it)
+        if master:
+            save_checkpoint(ckpt_path, state)
+            print(f"stopped by signal {stop_signals[0]} at iter {it}; checkpoint saved to {ckpt_path}; "
+                  f"continue with train.resume=true out_dir={out_dir}")
+        raise SystemExit(128 + stop_signals[0])
+
+    # ---- teardown ----
+    summary = {"iters": it, "best_val_loss": best_val, "out_dir": str(out_dir)}
+    if master:
+        metrics.close()
+        plot_losses(out_dir)
+        if wandb_run:
+            wandb_run.finish()
+        print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints and loss.png in {out_dir}")
+    if distributed:
+        dist.destroy_process_group()
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(dict_cfg):
+    from hydra.core.hydra_config import HydraConfig
+    dict_cfg.out_dir = HydraConfig.get().runtime.output_dir  # a sweep job's own folder under out_dir
+    try:
+        cfg = OmegaConf.to_object(dict_cfg)
+        train(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
