@@ -46,6 +46,7 @@ class TrainConfig:
     eval_iters: int = 20  # validation batches per estimate (fixed batches, same every time)
     checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
     resume: bool = False  # continue from out_dir/ckpt.pt
+    init_from: str | None = None  # fine-tune GPT-2: gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a save_pretrained dir
 
 
 @dataclass
@@ -82,6 +83,8 @@ class SampleConfig:
     kv_cache: bool = True  # reuse past keys and values instead of recomputing the context each token
     device: str = "auto"
     dtype: str = "auto"
+    init_from: str | None = None  # sample published GPT-2 instead of a run: gpt2 | ... | a save_pretrained dir
+    bpe_file: str | None = None  # with init_from: a local gpt2.tiktoken file, for the tokenizer offline
 
 
 def register_configs():

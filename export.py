@@ -10,8 +10,6 @@ optional dependency, imported only by the functions that need it.
 """
 import os
 import sys
-from dataclasses import fields
-
 import torch
 
 from model import GPT, GPTConfig
@@ -96,24 +94,6 @@ def from_hf(name_or_path) -> GPT:
     return model.eval()
 
 
-def load_checkpoint_model(out_dir, checkpoint="best"):
-    """The GPT saved in out_dir (best.pt, else ckpt.pt; or ckpt.pt for checkpoint=latest), and its path."""
-    if checkpoint not in ("best", "latest"):
-        raise ValueError(f"checkpoint={checkpoint!r} is unknown; use best or latest")
-    names = ["best.pt", "ckpt.pt"] if checkpoint == "best" else ["ckpt.pt"]
-    path = next((p for p in (os.path.join(out_dir, n) for n in names) if os.path.isfile(p)), None)
-    if path is None:
-        raise ValueError(f"no checkpoint in {out_dir!r} (looked for {' and '.join(names)}); train there first")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model_config = {k: v for k, v in ckpt["model_config"].items() if k != "type"}  # "type" is config.py's
-    unknown = set(model_config) - {f.name for f in fields(GPTConfig)}
-    if unknown:
-        raise ValueError(f"{path} has model fields this model.py lacks: {', '.join(sorted(unknown))}")
-    model = GPT(GPTConfig(**model_config))
-    model.load_state_dict(ckpt["model"])
-    return model, path
-
-
 def main(argv):
     args = dict(out_dir=None, checkpoint="best", hf_dir=None)
     for arg in argv:
@@ -124,10 +104,11 @@ def main(argv):
         args[key] = value
     if not args["out_dir"]:
         raise ValueError("out_dir=DIR is required: the training run to export")
-    model, path = load_checkpoint_model(args["out_dir"], args["checkpoint"])
+    from sample import load_model
+    model, _ = load_model(args["out_dir"], args["checkpoint"], "cpu")
     hf_dir = args["hf_dir"] or os.path.join(args["out_dir"], "hf")
     to_hf(model, hf_dir)
-    print(f"wrote {hf_dir} from {path}; load it with transformers.GPT2LMHeadModel.from_pretrained({hf_dir!r})")
+    print(f"wrote {hf_dir} from {args['out_dir']}; load it with transformers.GPT2LMHeadModel.from_pretrained({hf_dir!r})")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python sample.py out_dir=out/mini prompt="ROMEO:" num_samples=3 max_new_tokens=300 top_k=50 top_p=0.95
     python sample.py out_dir=out/mini 'prompts=[ROMEO:,JULIET:]'   # several prompts in one padded batch
     python sample.py out_dir=out/mini prompt_file=prompt.txt kv_cache=false
+    python sample.py init_from=gpt2 prompt="Hello, I'm a language model,"  # published GPT-2 (transformers)
 """
 import sys
 from contextlib import nullcontext
@@ -14,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from config import ModelConfig, SampleConfig, register_configs
-from data.prepare import load_tokenizer
+from data.prepare import GPT2Tokenizer, load_tokenizer
 from model import check_sampling
 from train import autocast_dtype, build_model, load_checkpoint, pick_device
 
@@ -57,7 +58,11 @@ def sample(cfg: SampleConfig, out=sys.stdout):
         raise ValueError(f"num_samples={cfg.num_samples} must be >= 1")
     device = pick_device(cfg.device)
     dtype = autocast_dtype(device, cfg.dtype)
-    model, tokenizer = load_model(cfg.out_dir, cfg.checkpoint, device)
+    if cfg.init_from:
+        from export import from_hf
+        model, tokenizer = from_hf(cfg.init_from).to(device), GPT2Tokenizer(cfg.bpe_file)
+    else:
+        model, tokenizer = load_model(cfg.out_dir, cfg.checkpoint, device)
     if cfg.prompt_file:
         if not Path(cfg.prompt_file).is_file():
             raise FileNotFoundError(f"prompt_file={cfg.prompt_file} does not exist; pass an existing text file")

@@ -59,6 +59,25 @@ def build_model(model_cfg):
     raise ValueError(f"model.type={model_cfg.type!r} is unknown; use gpt")
 
 
+def load_pretrained(cfg, meta):
+    """GPT-2's weights (through transformers) as a model config and a state dict, cropped to model.block_size."""
+    from export import from_hf
+    gpt2 = from_hf(cfg.train.init_from)
+    if meta["tokenizer"]["type"] != "gpt2":
+        raise ValueError(f"init_from={cfg.train.init_from} reads GPT-2 tokens; add data.tokenizer=gpt2")
+    if meta["vocab_size"] > gpt2.config.vocab_size:
+        raise ValueError(f"the corpus's tokenizer has {meta['vocab_size']} tokens, {cfg.train.init_from} only "
+                         f"{gpt2.config.vocab_size}; use data.tokenizer=gpt2 with GPT-2's own ranks file")
+    if cfg.model.block_size > gpt2.config.block_size:
+        raise ValueError(f"model.block_size={cfg.model.block_size} is longer than {cfg.train.init_from}'s "
+                         f"{gpt2.config.block_size} positions; pass a smaller model.block_size")
+    model_cfg = ModelConfig(**{**asdict(gpt2.config), "block_size": cfg.model.block_size,
+                               "dropout": cfg.model.dropout})
+    state = gpt2.state_dict()
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:cfg.model.block_size]
+    return model_cfg, state
+
+
 def get_batch(data, batch_size, block_size, generator, device):
     """batch_size random windows of data: inputs x (B, T) and targets y = x shifted left by one."""
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
@@ -194,17 +213,25 @@ def train(cfg: Config):
         data_dir = prepare(cfg.data, cfg.model.block_size)
     meta = load_meta(data_dir)
     splits = {"train": load_split(data_dir, "train"), "val": load_split(data_dir, "val")}
-    model_cfg = replace(cfg.model, vocab_size=meta["vocab_size"])
-    cfg = replace(cfg, model=model_cfg)
-
-    # ---- model: from scratch, or resumed from the checkpoint ----
+    # ---- model: from scratch, from GPT-2's weights, or resumed from the checkpoint ----
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = build_model(model_cfg).to(device)
+    ckpt = load_checkpoint(ckpt_path) if cfg.train.resume else None
+    pretrained = None
+    if cfg.train.init_from and ckpt is not None:  # the checkpoint already holds the fine-tuned weights
+        model_cfg = ModelConfig(**ckpt["model_config"])
+    elif cfg.train.init_from:
+        model_cfg, pretrained = load_pretrained(cfg, meta)
+    else:
+        model_cfg = replace(cfg.model, vocab_size=meta["vocab_size"])
+    cfg = replace(cfg, model=model_cfg)
+    model = build_model(model_cfg)
+    if pretrained is not None:
+        model.load_state_dict(pretrained)
+    model = model.to(device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     start_iter, best_val, elapsed_before = 0, float("inf"), 0.0
-    if cfg.train.resume:
-        ckpt = load_checkpoint(ckpt_path)
+    if ckpt is not None:
         check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
         if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:
             raise ValueError(f"checkpoint in {out_dir} used another tokenizer or vocabulary than data={cfg.data.name}"

@@ -1,4 +1,5 @@
 """export.py against transformers' own GPT-2: same logits and same greedy tokens, both directions; offline."""
+import base64
 import os
 import subprocess
 import sys
@@ -106,16 +107,22 @@ def run_cli(*args):
                           timeout=120)
 
 
-def test_cli_exports_a_checkpoint(tmp_path):
-    ours = tiny_ours()
+def test_cli_exports_a_trained_run(tmp_path):
+    from config import Config, DataConfig, ModelConfig, TrainConfig
+    from sample import load_model
+    from train import train
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("to be or not to be, that is the question. " * 100)
     out = tmp_path / "out"
-    out.mkdir()
-    model_config = dict(vars(ours.config), type="gpt")  # as train.py saves it, with config.py's extra "type"
-    torch.save({"model": ours.state_dict(), "model_config": model_config, "iter_num": 7}, out / "ckpt.pt")
+    train(Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, pos="learned", bias=True),
+                 data=DataConfig(name="text", path=str(corpus), dir=str(tmp_path / "data")),
+                 train=TrainConfig(device="cpu", batch_size=4, max_iters=4, eval_interval=4, eval_iters=1),
+                 out_dir=str(out)))
     result = run_cli(f"out_dir={out}")
     assert result.returncode == 0, result.stderr
+    ours, _ = load_model(out, "best", "cpu")
     hf = transformers.GPT2LMHeadModel.from_pretrained(out / "hf")
-    idx = torch.randint(0, 101, (1, 10))
+    idx = torch.randint(0, ours.config.vocab_size, (1, 10))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
 
@@ -140,3 +147,35 @@ def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):
     message = str(err.value)
     assert "'gpt2'" in message and "offline" in message and "save_pretrained" in message
     assert "\n" not in message
+
+
+def test_train_and_sample_start_from_a_local_gpt2(tmp_path):
+    from config import Config, DataConfig, SampleConfig, TrainConfig
+    from sample import sample
+    from train import load_checkpoint, train
+    # GPT-2's ranks file where present; else a table of single bytes (real GPT-2 ids for bytes, no merges)
+    bpe = ROOT.parent / "shared/data/gpt2.tiktoken"
+    if not bpe.exists():
+        bpe = tmp_path / "bytes.tiktoken"
+        bpe.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    hf_dir = tmp_path / "hf"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32,
+                                                         vocab_size=50257)).save_pretrained(hf_dir)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    out = tmp_path / "out"
+    train(Config(model=ModelConfig(block_size=16),
+                 data=DataConfig(name="text", path=str(corpus), tokenizer="gpt2", bpe_file=str(bpe),
+                                 dir=str(tmp_path / "data")),
+                 train=TrainConfig(device="cpu", init_from=str(hf_dir), batch_size=2, max_iters=2, eval_interval=2,
+                                   eval_iters=1, learning_rate=1e-12, min_lr=0.0, weight_decay=0.0),
+                 out_dir=str(out)))
+    ckpt = load_checkpoint(out / "ckpt.pt")
+    assert ckpt["model_config"]["n_embd"] == 16 and ckpt["model_config"]["block_size"] == 16  # cropped from 32
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir)
+    torch.testing.assert_close(ckpt["model"]["transformer.wte.weight"], hf.transformer.wte.weight.detach())
+    if bpe.name == "bytes.tiktoken":
+        return  # a random model emits ids beyond the bytes table; sampling needs the real ranks file
+    texts = sample(SampleConfig(init_from=str(hf_dir), bpe_file=str(bpe), prompt="the fox", max_new_tokens=5,
+                                temperature=0, device="cpu"), out=open(os.devnull, "w"))
+    assert texts[0].startswith("the fox") and len(texts[0]) > len("the fox")
