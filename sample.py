@@ -13,7 +13,7 @@ import hydra
 import torch
 from omegaconf import OmegaConf
 
-from config import ModelConfig, SampleConfig, register_configs
+from config import ModelConfig, SampleConfig, register_configs, run_cli
 from data.prepare import load_tokenizer
 from model import check_sampling
 from train import autocast_dtype, build_model, load_checkpoint, pick_device
@@ -117,4 +117,4 @@ def main(dict_cfg):
 
 if __name__ == "__main__":
     quote_prompts(sys.argv)
-    main()
+    run_cli(main)

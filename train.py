@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from config import Config, ModelConfig, register_configs
+from config import Config, ModelConfig, register_configs, run_cli
 from data.prepare import load_meta, load_split, prepare
 from model import GPT
 
@@ -36,7 +36,14 @@ register_configs()
 
 def pick_device(name):
     if name != "auto":
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise ValueError(f"device {name!r} is unknown; use auto, cpu, cuda, cuda:N or mps") from None
+        if (device.type == "cuda" and not torch.cuda.is_available()
+                or device.type == "mps" and not torch.backends.mps.is_available()):
+            raise ValueError(f"device {name!r} is not available on this machine; use auto or cpu")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():
@@ -168,14 +175,16 @@ def train(cfg: Config):
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
+        if getattr(cfg.train, name) <= 0:
+            raise ValueError(f"train.{name}={getattr(cfg.train, name)} must be positive")
+    if cfg.logger.log_interval <= 0:
+        raise ValueError(f"logger.log_interval={cfg.logger.log_interval} must be positive")
     tokens_per_micro = cfg.train.batch_size * cfg.model.block_size * world_size
     grad_accum = max(1, cfg.train.tokens_per_step // tokens_per_micro)
     if cfg.train.tokens_per_step and grad_accum * tokens_per_micro != cfg.train.tokens_per_step:
         raise ValueError(f"train.tokens_per_step={cfg.train.tokens_per_step} is not a multiple of batch_size x "
                          f"block_size x processes = {tokens_per_micro}; change one of them")
-    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
-        if getattr(cfg.train, name) <= 0:
-            raise ValueError(f"train.{name}={getattr(cfg.train, name)} must be positive")
     if cfg.train.learning_rate <= 0 or cfg.train.min_lr < 0:
         raise ValueError(f"train.learning_rate={cfg.train.learning_rate} must be positive (min_lr >= 0)")
     out_dir = Path(cfg.out_dir)
@@ -350,4 +359,4 @@ def main(dict_cfg):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
