@@ -11,6 +11,7 @@ Every option and its default is in config.py; configs/ holds named presets. `tra
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -115,16 +116,24 @@ def make_optimizer(model, cfg, device):
 def save_checkpoint(path, state):
     """Write to a temporary file, then rename: a crash leaves the old checkpoint or the new, never a torn one."""
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        os.fsync(f.fileno())  # on disk before the rename, so a power cut cannot leave the new name on a torn file
     os.replace(tmp, path)
 
 
 def load_checkpoint(path):
+    """A checkpoint is plain data, so it loads with weights_only=True: a file that would run code is refused."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated file, or one that only an unsafe unpickler would read
-        raise ValueError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}; delete it or pick another "
-                         f"out_dir") from None
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file, or one that only an unsafe unpickler would read
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = (f"it holds a Python object ({code[1]}) that would run code when loaded, which is refused" if code
+               else "it is truncated or not a checkpoint")
+        raise ValueError(f"cannot load checkpoint {path}: {why}; delete it or pick another out_dir") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "meta"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a checkpoint written by train.py; delete it or pick another out_dir")
+    return ckpt
 
 
 def check_same_model(saved, current, out_dir):
