@@ -52,6 +52,7 @@ class TrainConfig:
     eval_iters: int = 20  # validation batches per estimate (fixed batches, same every time)
     checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
     resume: bool = False  # continue from out_dir/ckpt.pt
+    skip_nonfinite: bool = False  # skip a step whose loss is nan/inf (no update; counted, logged) instead of stopping
 
 
 @dataclass

@@ -143,6 +143,16 @@ def check_same_model(saved, current, out_dir):
                          f"{', '.join(differ)}; drop those overrides or use a new out_dir")
 
 
+def trim_metrics(path, last_iter):
+    """Keep the lines logged up to last_iter: what a killed run logged after its checkpoint goes, and so does a line
+    a power cut tore. Rewritten through a temporary file like checkpoints, so a crash here loses nothing either."""
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if line.endswith("}") and json.loads(line)["iter"] <= last_iter]  # flat rows
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 def git_commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -177,7 +187,8 @@ def train(cfg: Config):
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-        if not dist.is_initialized():
+        own_process_group = not dist.is_initialized()
+        if own_process_group:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     master = rank == 0
     dtype = autocast_dtype(device, cfg.train.dtype)
@@ -220,16 +231,17 @@ def train(cfg: Config):
     model = build_model(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    start_iter, best_val, elapsed_before = 0, float("inf"), 0.0
+    start_iter, best_val, elapsed_before, skipped_steps = 0, float("inf"), 0.0, 0
     if cfg.train.resume:
         ckpt = load_checkpoint(ckpt_path)
-        check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
-        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:
+        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
             raise ValueError(f"checkpoint in {out_dir} used another tokenizer or vocabulary than data={cfg.data.name}"
                              f"; resume with the run's original data settings")
+        check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, elapsed_before = ckpt["iter"], ckpt["best_val_loss"], ckpt["elapsed_s"]
+        skipped_steps = ckpt.get("skipped_steps", 0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
@@ -245,6 +257,7 @@ def train(cfg: Config):
         return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                 "model_config": asdict(model_cfg), "config": asdict(cfg), "meta": meta, "iter": it,
                 "best_val_loss": best_val, "elapsed_s": elapsed_before + time.time() - t_start,
+                "skipped_steps": skipped_steps,
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}
 
@@ -257,10 +270,11 @@ def train(cfg: Config):
         print(f"{model_cfg.type}: {n_params / 1e6:.2f}M parameters | data {cfg.data.name} ({meta['vocab_size']} "
               f"tokens vocab, {len(splits['train']):,} train tokens) | device {device}, {world_size} process(es), "
               f"{dtype or torch.float32} | {grad_accum} micro-step(s) of {tokens_per_micro:,} tokens per step")
+        if cfg.train.resume:
+            print(f"resuming from {ckpt_path} at iter {start_iter}")
         metrics_path = out_dir / "metrics.jsonl"
-        if metrics_path.exists():  # drop lines a killed run logged after its last checkpoint
-            lines = metrics_path.read_text().splitlines()
-            metrics_path.write_text("".join(line + "\n" for line in lines if json.loads(line)["iter"] <= start_iter))
+        if metrics_path.exists():  # a fresh run starts a new file; a resumed one continues from its checkpoint
+            trim_metrics(metrics_path, start_iter if cfg.train.resume else -1)
         metrics = metrics_path.open("a")
         wandb_run = None
         if cfg.logger.wandb:
@@ -284,7 +298,7 @@ def train(cfg: Config):
     progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not master, dynamic_ncols=True,
                     mininterval=1.0, file=sys.stdout)
     t_start = t_last = time.time()
-    it, loss_value, tokens_per_sec = start_iter, float("nan"), 0.0
+    it, tokens_per_sec = start_iter, 0.0
     try:
         while True:
             resumed_here = cfg.train.resume and it == start_iter  # the killed run already evaluated here
@@ -307,14 +321,35 @@ def train(cfg: Config):
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            # the batches of step `it` depend only on (seed, it, rank): a resumed run draws the same data
-            data_rng.manual_seed((cfg.train.seed * 1_000_003 + it) * world_size + rank)
+            step_loss = torch.zeros((), device=device)  # the mean loss over this step's global batch
             for micro in range(grad_accum):
+                # micro-batch k of step `it` depends only on (seed, it, k), k counted across ranks: a resumed run draws
+                # the same data, and 2 processes x 1 micro-step see the batches of 1 process x 2 micro-steps
+                k = rank * grad_accum + micro
+                data_rng.manual_seed((cfg.train.seed * 1_000_003 + it) * world_size * grad_accum + k)
                 x, y = get_batch(splits["train"], cfg.train.batch_size, model_cfg.block_size, data_rng, device)
                 sync = micro == grad_accum - 1  # DDP all-reduces gradients on the last micro-step only
                 with (model.no_sync() if distributed and not sync else nullcontext()), autocast:
                     loss = model(x, y)[1] / grad_accum
                 scaler.scale(loss).backward()
+                step_loss += loss.detach()
+            if distributed:  # every rank sees the same mean, so all stop or skip together
+                dist.all_reduce(step_loss)
+                step_loss /= world_size
+            loss_value = step_loss.item()
+            if not math.isfinite(loss_value):
+                if not cfg.train.skip_nonfinite:
+                    raise ValueError(f"the loss is {loss_value} at iter {it}; stopped before its optimizer step, "
+                                     f"{ckpt_path} is left as it was; lower train.learning_rate, or pass "
+                                     f"train.skip_nonfinite=true to skip such steps")
+                skipped_steps += 1  # no optimizer step: the weights and their optimizer state stay as they were
+                optimizer.zero_grad(set_to_none=True)
+                it += 1
+                progress.update()
+                if master:  # logged at `it` like the "log" lines, so a resumed run trims it the same way
+                    progress.write(f"iter {it - 1}: the loss is {loss_value}; step skipped ({skipped_steps} so far)")
+                    log("skip", skipped_steps=skipped_steps)
+                continue
             if cfg.train.grad_clip > 0:
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
@@ -324,7 +359,6 @@ def train(cfg: Config):
             it += 1
             progress.update()
             if it % cfg.logger.log_interval == 0 and master:
-                loss_value = loss.item() * grad_accum
                 now = time.time()
                 tokens_per_sec = tokens_per_iter * cfg.logger.log_interval / (now - t_last)
                 t_last = now
@@ -343,14 +377,14 @@ def train(cfg: Config):
         raise SystemExit(128 + stop_signals[0])
 
     # ---- teardown ----
-    summary = {"iters": it, "best_val_loss": best_val, "out_dir": str(out_dir)}
+    summary = {"iters": it, "best_val_loss": best_val, "skipped_steps": skipped_steps, "out_dir": str(out_dir)}
     if master:
         metrics.close()
         plot_losses(out_dir)
         if wandb_run:
             wandb_run.finish()
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints and loss.png in {out_dir}")
-    if distributed:
+    if distributed and own_process_group:  # a caller that set up the process group (a test) keeps it
         dist.destroy_process_group()
     return summary
 
