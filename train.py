@@ -364,8 +364,10 @@ def train(cfg: Config):
                 t_last = now
                 log("log", train_loss=loss_value, lr=lr, tokens_per_sec=round(tokens_per_sec))
                 progress.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
-    finally:
+    finally:  # also when a signal, a non-finite loss or an error ends the loop
         progress.close()
+        if master:
+            metrics.close()
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if stop_signals:
@@ -379,7 +381,6 @@ def train(cfg: Config):
     # ---- teardown ----
     summary = {"iters": it, "best_val_loss": best_val, "skipped_steps": skipped_steps, "out_dir": str(out_dir)}
     if master:
-        metrics.close()
         plot_losses(out_dir)
         if wandb_run:
             wandb_run.finish()

@@ -88,8 +88,9 @@ def written_since(path, since_ns):
 
 
 def start(args, log_file):
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=log_file.open("w"),
-                            stderr=subprocess.STDOUT)
+    with log_file.open("w") as log:  # the child writes through its own copy of the file descriptor
+        return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=log,
+                                stderr=subprocess.STDOUT)
 
 
 def wait_for(proc, log_file, condition, timeout=120):
