@@ -1,11 +1,17 @@
 """The typed configuration schema: every default lives here, once.
 
 Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
-value of the wrong type fails at start-up. `train.py` and `sample.py` receive plain dataclasses.
+value of the wrong type fails at start-up, in one line (`run_cli`). `train.py` and `sample.py` receive plain
+dataclasses.
 """
+import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf.errors import OmegaConfBaseException
 
 from model import GPTConfig
 
@@ -47,6 +53,7 @@ class TrainConfig:
     checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
     resume: bool = False  # continue from out_dir/ckpt.pt
     init_from: str | None = None  # fine-tune GPT-2: gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a save_pretrained dir
+    skip_nonfinite: bool = False  # skip a step whose loss is nan/inf (no update; counted, logged) instead of stopping
 
 
 @dataclass
@@ -91,3 +98,30 @@ def register_configs():
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="sample_schema", node=SampleConfig)
+
+
+def run_cli(hydra_main):
+    """Run a @hydra.main entry point. A mistake on the command line (an unknown key, a value of the wrong type, a
+    missing preset) is reported like every other mistake: one line naming the fix, exit status 2."""
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's complete stack trace
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise its errors to us instead of printing several lines
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException) as e:
+        if full_error:
+            raise
+        print(f"error: {hydra_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def hydra_error_line(e):
+    """First lines only of Hydra's message and of the OmegaConf error behind it, then the fix: Hydra's own advice
+    (append a key with +key=value, the config search path) does not help here."""
+    message = str(e).splitlines()[0].rstrip(".")
+    if isinstance(e, MissingConfigException) and e.options:
+        return f"{message}; the choices are {', '.join(e.options)}"
+    if isinstance(e, OverrideParseException):
+        return f"{message}; quote a value holding spaces or symbols: 'key=\"a value\"'"
+    if isinstance(e.__cause__, OmegaConfBaseException):
+        message += f": {str(e.__cause__).splitlines()[0]}"
+    return f"{message}; python {Path(sys.argv[0]).name} --help lists every key, its default and the presets"

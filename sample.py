@@ -14,7 +14,7 @@ import hydra
 import torch
 from omegaconf import OmegaConf
 
-from config import ModelConfig, SampleConfig, register_configs
+from config import ModelConfig, SampleConfig, register_configs, run_cli
 from data.prepare import GPT2Tokenizer, load_tokenizer
 from model import check_sampling
 from train import autocast_dtype, build_model, load_checkpoint, pick_device
@@ -122,4 +122,4 @@ def main(dict_cfg):
 
 if __name__ == "__main__":
     quote_prompts(sys.argv)
-    main()
+    run_cli(main)

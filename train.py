@@ -11,6 +11,7 @@ Every option and its default is in config.py; configs/ holds named presets. `tra
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from config import Config, ModelConfig, register_configs
+from config import Config, ModelConfig, register_configs, run_cli
 from data.prepare import load_meta, load_split, prepare
 from model import GPT
 
@@ -36,7 +37,14 @@ register_configs()
 
 def pick_device(name):
     if name != "auto":
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise ValueError(f"device {name!r} is unknown; use auto, cpu, cuda, cuda:N or mps") from None
+        if (device.type == "cuda" and not torch.cuda.is_available()
+                or device.type == "mps" and not torch.backends.mps.is_available()):
+            raise ValueError(f"device {name!r} is not available on this machine; use auto or cpu")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if torch.backends.mps.is_available():
@@ -127,16 +135,24 @@ def make_optimizer(model, cfg, device):
 def save_checkpoint(path, state):
     """Write to a temporary file, then rename: a crash leaves the old checkpoint or the new, never a torn one."""
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        os.fsync(f.fileno())  # on disk before the rename, so a power cut cannot leave the new name on a torn file
     os.replace(tmp, path)
 
 
 def load_checkpoint(path):
+    """A checkpoint is plain data, so it loads with weights_only=True: a file that would run code is refused."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated file, or one that only an unsafe unpickler would read
-        raise ValueError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}; delete it or pick another "
-                         f"out_dir") from None
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file, or one that only an unsafe unpickler would read
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = (f"it holds a Python object ({code[1]}) that would run code when loaded, which is refused" if code
+               else "it is truncated or not a checkpoint")
+        raise ValueError(f"cannot load checkpoint {path}: {why}; delete it or pick another out_dir") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "meta"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a checkpoint written by train.py; delete it or pick another out_dir")
+    return ckpt
 
 
 def check_same_model(saved, current, out_dir):
@@ -144,6 +160,16 @@ def check_same_model(saved, current, out_dir):
     if differ:
         raise ValueError(f"checkpoint in {out_dir} was trained with another model (saved vs now): "
                          f"{', '.join(differ)}; drop those overrides or use a new out_dir")
+
+
+def trim_metrics(path, last_iter):
+    """Keep the lines logged up to last_iter: what a killed run logged after its checkpoint goes, and so does a line
+    a power cut tore. Rewritten through a temporary file like checkpoints, so a crash here loses nothing either."""
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if line.endswith("}") and json.loads(line)["iter"] <= last_iter]  # flat rows
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
 
 
 def git_commit():
@@ -180,21 +206,24 @@ def train(cfg: Config):
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-        if not dist.is_initialized():
+        own_process_group = not dist.is_initialized()
+        if own_process_group:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     master = rank == 0
     dtype = autocast_dtype(device, cfg.train.dtype)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
+        if getattr(cfg.train, name) <= 0:
+            raise ValueError(f"train.{name}={getattr(cfg.train, name)} must be positive")
+    if cfg.logger.log_interval <= 0:
+        raise ValueError(f"logger.log_interval={cfg.logger.log_interval} must be positive")
     tokens_per_micro = cfg.train.batch_size * cfg.model.block_size * world_size
     grad_accum = max(1, cfg.train.tokens_per_step // tokens_per_micro)
     if cfg.train.tokens_per_step and grad_accum * tokens_per_micro != cfg.train.tokens_per_step:
         raise ValueError(f"train.tokens_per_step={cfg.train.tokens_per_step} is not a multiple of batch_size x "
                          f"block_size x processes = {tokens_per_micro}; change one of them")
-    for name in ("batch_size", "max_iters", "eval_interval", "eval_iters"):
-        if getattr(cfg.train, name) <= 0:
-            raise ValueError(f"train.{name}={getattr(cfg.train, name)} must be positive")
     if cfg.train.learning_rate <= 0 or cfg.train.min_lr < 0:
         raise ValueError(f"train.learning_rate={cfg.train.learning_rate} must be positive (min_lr >= 0)")
     out_dir = Path(cfg.out_dir)
@@ -230,15 +259,16 @@ def train(cfg: Config):
     model = model.to(device)
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    start_iter, best_val, elapsed_before = 0, float("inf"), 0.0
+    start_iter, best_val, elapsed_before, skipped_steps = 0, float("inf"), 0.0, 0
     if ckpt is not None:
-        check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
-        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:
+        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
             raise ValueError(f"checkpoint in {out_dir} used another tokenizer or vocabulary than data={cfg.data.name}"
                              f"; resume with the run's original data settings")
+        check_same_model(ckpt["model_config"], asdict(model_cfg), out_dir)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, elapsed_before = ckpt["iter"], ckpt["best_val_loss"], ckpt["elapsed_s"]
+        skipped_steps = ckpt.get("skipped_steps", 0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
@@ -254,6 +284,7 @@ def train(cfg: Config):
         return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                 "model_config": asdict(model_cfg), "config": asdict(cfg), "meta": meta, "iter": it,
                 "best_val_loss": best_val, "elapsed_s": elapsed_before + time.time() - t_start,
+                "skipped_steps": skipped_steps,
                 "rng": {"torch": torch.get_rng_state(),
                         "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}}
 
@@ -266,10 +297,11 @@ def train(cfg: Config):
         print(f"{model_cfg.type}: {n_params / 1e6:.2f}M parameters | data {cfg.data.name} ({meta['vocab_size']} "
               f"tokens vocab, {len(splits['train']):,} train tokens) | device {device}, {world_size} process(es), "
               f"{dtype or torch.float32} | {grad_accum} micro-step(s) of {tokens_per_micro:,} tokens per step")
+        if cfg.train.resume:
+            print(f"resuming from {ckpt_path} at iter {start_iter}")
         metrics_path = out_dir / "metrics.jsonl"
-        if metrics_path.exists():  # drop lines a killed run logged after its last checkpoint
-            lines = metrics_path.read_text().splitlines()
-            metrics_path.write_text("".join(line + "\n" for line in lines if json.loads(line)["iter"] <= start_iter))
+        if metrics_path.exists():  # a fresh run starts a new file; a resumed one continues from its checkpoint
+            trim_metrics(metrics_path, start_iter if cfg.train.resume else -1)
         metrics = metrics_path.open("a")
         wandb_run = None
         if cfg.logger.wandb:
@@ -293,7 +325,7 @@ def train(cfg: Config):
     progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not master, dynamic_ncols=True,
                     mininterval=1.0, file=sys.stdout)
     t_start = t_last = time.time()
-    it, loss_value, tokens_per_sec = start_iter, float("nan"), 0.0
+    it, tokens_per_sec = start_iter, 0.0
     try:
         while True:
             resumed_here = cfg.train.resume and it == start_iter  # the killed run already evaluated here
@@ -316,14 +348,35 @@ def train(cfg: Config):
             lr = get_lr(it, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            # the batches of step `it` depend only on (seed, it, rank): a resumed run draws the same data
-            data_rng.manual_seed((cfg.train.seed * 1_000_003 + it) * world_size + rank)
+            step_loss = torch.zeros((), device=device)  # the mean loss over this step's global batch
             for micro in range(grad_accum):
+                # micro-batch k of step `it` depends only on (seed, it, k), k counted across ranks: a resumed run draws
+                # the same data, and 2 processes x 1 micro-step see the batches of 1 process x 2 micro-steps
+                k = rank * grad_accum + micro
+                data_rng.manual_seed((cfg.train.seed * 1_000_003 + it) * world_size * grad_accum + k)
                 x, y = get_batch(splits["train"], cfg.train.batch_size, model_cfg.block_size, data_rng, device)
                 sync = micro == grad_accum - 1  # DDP all-reduces gradients on the last micro-step only
                 with (model.no_sync() if distributed and not sync else nullcontext()), autocast:
                     loss = model(x, y)[1] / grad_accum
                 scaler.scale(loss).backward()
+                step_loss += loss.detach()
+            if distributed:  # every rank sees the same mean, so all stop or skip together
+                dist.all_reduce(step_loss)
+                step_loss /= world_size
+            loss_value = step_loss.item()
+            if not math.isfinite(loss_value):
+                if not cfg.train.skip_nonfinite:
+                    raise ValueError(f"the loss is {loss_value} at iter {it}; stopped before its optimizer step, "
+                                     f"{ckpt_path} is left as it was; lower train.learning_rate, or pass "
+                                     f"train.skip_nonfinite=true to skip such steps")
+                skipped_steps += 1  # no optimizer step: the weights and their optimizer state stay as they were
+                optimizer.zero_grad(set_to_none=True)
+                it += 1
+                progress.update()
+                if master:  # logged at `it` like the "log" lines, so a resumed run trims it the same way
+                    progress.write(f"iter {it - 1}: the loss is {loss_value}; step skipped ({skipped_steps} so far)")
+                    log("skip", skipped_steps=skipped_steps)
+                continue
             if cfg.train.grad_clip > 0:
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
@@ -333,14 +386,15 @@ def train(cfg: Config):
             it += 1
             progress.update()
             if it % cfg.logger.log_interval == 0 and master:
-                loss_value = loss.item() * grad_accum
                 now = time.time()
                 tokens_per_sec = tokens_per_iter * cfg.logger.log_interval / (now - t_last)
                 t_last = now
                 log("log", train_loss=loss_value, lr=lr, tokens_per_sec=round(tokens_per_sec))
                 progress.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
-    finally:
+    finally:  # also when a signal, a non-finite loss or an error ends the loop
         progress.close()
+        if master:
+            metrics.close()
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if stop_signals:
@@ -352,14 +406,13 @@ def train(cfg: Config):
         raise SystemExit(128 + stop_signals[0])
 
     # ---- teardown ----
-    summary = {"iters": it, "best_val_loss": best_val, "out_dir": str(out_dir)}
+    summary = {"iters": it, "best_val_loss": best_val, "skipped_steps": skipped_steps, "out_dir": str(out_dir)}
     if master:
-        metrics.close()
         plot_losses(out_dir)
         if wandb_run:
             wandb_run.finish()
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints and loss.png in {out_dir}")
-    if distributed:
+    if distributed and own_process_group:  # a caller that set up the process group (a test) keeps it
         dist.destroy_process_group()
     return summary
 
@@ -377,4 +430,4 @@ def main(dict_cfg):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,8 +1,14 @@
 """Shared fixtures: a small corpus and one tiny trained run, made once per test session."""
-import pytest
+import os
 
-from config import Config, DataConfig, ModelConfig, TrainConfig
-from train import train
+# Tiny models run fastest on one thread, and a busy neighbour cannot stall a one-thread process as it stalls
+# two threads that wait on each other; subprocesses (the CLI tests) inherit this too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from config import Config, DataConfig, ModelConfig, TrainConfig  # noqa: E402
+from train import train  # noqa: E402
 
 # every printable ASCII character once, so that prompts may use any of them
 CORPUS = "".join(map(chr, range(32, 127))) + "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n"

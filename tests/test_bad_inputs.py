@@ -1,0 +1,145 @@
+"""Bad and hostile input: every mistake through the real CLI ends with one line naming the fix, exit status 2 and no
+traceback; a checkpoint that would run code when unpickled is refused by train.py and sample.py without running it."""
+import os
+import random
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from config import SampleConfig
+from sample import sample
+from train import train
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TINY = ["data=text", "model.n_layer=2", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
+        "train.batch_size=2", "train.max_iters=2", "train.eval_iters=1", "train.device=cpu"]
+
+
+class RunsCode:
+    """Unpickling this calls open(marker, "w"): a stand-in for any code a hostile checkpoint could run."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A corpus, a trained tiny run, and the broken things the cases point at."""
+    root = tmp_path_factory.mktemp("bad")
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away"]
+    rng = random.Random(0)
+    (root / "corpus.txt").write_text(" ".join(rng.choice(words) for _ in range(2000)))
+    (root / "other.txt").write_text("ABCDEFGHIJ KLMNOP\n" * 200)  # another character vocabulary
+    (root / "empty.txt").write_text("")
+    (root / "binary.txt").write_bytes(bytes(range(256)) * 8)
+    data = [f"data.path={root / 'corpus.txt'}", f"data.dir={root / 'prepared'}"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=[*TINY, *data, f"out_dir={root / 'run'}"])
+        train(OmegaConf.to_object(cfg))
+    finally:
+        torch.set_num_threads(threads)
+    (root / "truncated").mkdir()
+    ckpt = (root / "run" / "ckpt.pt").read_bytes()
+    (root / "truncated" / "ckpt.pt").write_bytes(ckpt[:len(ckpt) // 2])
+    (root / "hostile").mkdir()
+    torch.save({"model": RunsCode(root / "marker"), "model_config": {}, "meta": {}}, root / "hostile" / "ckpt.pt")
+    return root, data
+
+
+# case: (script, arguments, the fix its one-line message must name); {root} is the fixture's folder
+CASES = {
+    "unknown key": ("train.py", "train.lr=0.1", "Key 'lr' not in 'TrainConfig'; python train.py --help lists"),
+    "wrong value type": ("train.py", "train.batch_size=ten", "'ten' of type 'str' could not be converted to Integer"),
+    "unknown preset": ("train.py", "data=wikipedia", "the choices are shakespeare, shakespeare_char, stdlib, text"),
+    "n_embd not divisible by n_head": ("train.py", "model.n_embd=30 model.n_head=4",
+                                       "pick n_embd a multiple of n_head"),
+    "negative learning rate": ("train.py", "train.learning_rate=-1", "train.learning_rate=-1.0 must be positive"),
+    "batch_size 0": ("train.py", "train.batch_size=0", "train.batch_size=0 must be positive"),
+    "log_interval 0": ("train.py", "logger.log_interval=0", "logger.log_interval=0 must be positive"),
+    "unknown device": ("train.py", "train.device=tpu", "use auto, cpu, cuda, cuda:N or mps"),
+    "block_size longer than the corpus": ("train.py", "model.block_size=100000",
+                                          "use a longer text or a smaller model.block_size"),
+    "missing corpus": ("train.py", "data.path={root}/missing.txt", "does not exist; pass data.path=FILE"),
+    "empty corpus": ("train.py", "data.path={root}/empty.txt", "holds no text; pass data.path= a file with some text"),
+    "binary corpus": ("train.py", "data.path={root}/binary.txt", "is not UTF-8"),
+    "unknown tokenizer": ("train.py", "data.tokenizer=bpe", "data.tokenizer='bpe' is unknown; use one of char, gpt2"),
+    "unknown data name": ("train.py", "data.name=wiki", "data.name='wiki' is unknown; use one of stdlib"),
+    "fresh run into a checkpoint": ("train.py", "out_dir={root}/run", "pass train.resume=true to continue it, or"),
+    "resume with another shape": ("train.py", "out_dir={root}/run train.resume=true model.n_layer=3",
+                                  "n_layer=2 vs 3; drop those overrides or use a new out_dir"),
+    "resume without a checkpoint": ("train.py", "train.resume=true", "train without resume first"),
+    "resume a truncated checkpoint": ("train.py", "out_dir={root}/truncated train.resume=true",
+                                      "it is truncated or not a checkpoint; delete it or pick another out_dir"),
+    "resume with another vocabulary": ("train.py", "out_dir={root}/run train.resume=true data.path={root}/other.txt",
+                                       "resume with the run's original data settings"),
+    "prompt outside the vocabulary": ("sample.py", "out_dir={root}/run prompt=Zebra!",
+                                      "vocabulary lacks: '!', 'Z', 'b'; remove them"),
+    "prompt longer than block_size": ("sample.py", "out_dir={root}/run prompt=" + "thecat" * 5,
+                                      "longer than the model's block_size=16; shorten it"),
+    "top_p 0": ("sample.py", "out_dir={root}/run top_p=0", "top_p=0.0 must be in (0, 1]"),
+    "max_new_tokens < 0": ("sample.py", "out_dir={root}/run max_new_tokens=-1", "max_new_tokens=-1 must be >= 0"),
+    "negative temperature": ("sample.py", "out_dir={root}/run temperature=-1", "must be >= 0 (0 is greedy)"),
+    "missing out_dir": ("sample.py", "out_dir={root}/nowhere", "train one with: python train.py out_dir="),
+    "sample a checkpoint that runs code": ("sample.py", "out_dir={root}/hostile",
+                                           "(io.open) that would run code when loaded, which is refused"),
+    "unknown sample key": ("sample.py", "temp=0.5", "Key 'temp' not in 'SampleConfig'; python sample.py --help"),
+}
+
+
+def run_case(case, root, data):
+    script, args, _ = CASES[case]
+    args = [a.format(root=root) for a in args.split(" ")]
+    if script == "train.py":
+        args = [*TINY, *data, f"out_dir={root / case.replace(' ', '-')}", *args]
+    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+def test_every_mistake_ends_in_one_line_naming_the_fix(files):
+    root, data = files
+    with ThreadPoolExecutor(3) as pool:  # each case is a fresh python process, mostly importing torch
+        results = dict(zip(CASES, pool.map(lambda case: run_case(case, root, data), CASES)))
+    wrong = []
+    for case, (_, _, fix) in CASES.items():
+        result = results[case]
+        print(f"\n{case}: {result.stderr.strip()}", end="")
+        if (result.returncode != 2 or "Traceback" in result.stdout + result.stderr or fix not in result.stderr
+                or len(result.stderr.strip().splitlines()) != 1 or not result.stderr.startswith("error: ")):
+            wrong.append(f"{case}: exit status {result.returncode}\n{result.stderr[-2000:]}")
+    assert not wrong, "\n".join(wrong)
+    assert not (root / "marker").exists()
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path):
+    marker, hostile = tmp_path / "marker", tmp_path / "hostile"
+    hostile.mkdir()
+    torch.save({"model": RunsCode(marker), "model_config": {}, "meta": {}}, hostile / "ckpt.pt")
+    torch.load(hostile / "ckpt.pt", weights_only=False)["model"].close()  # the danger is real: unsafe loading runs it
+    assert marker.exists()
+    marker.unlink()
+
+    refused = r"cannot load checkpoint .*ckpt.pt: it holds a Python object \(io.open\) that would run code"
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat " * 100)
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*TINY, f"data.path={tmp_path / 'corpus.txt'}",
+                                                       f"data.dir={tmp_path / 'prepared'}", f"out_dir={hostile}",
+                                                       "train.resume=true"])
+    with pytest.raises(ValueError, match=refused):
+        train(OmegaConf.to_object(cfg))
+    with pytest.raises(ValueError, match=refused):
+        sample(SampleConfig(out_dir=str(hostile), device="cpu"))
+    assert not marker.exists()
