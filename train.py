@@ -61,6 +61,20 @@ def autocast_dtype(device, name):
     return None if name == "float32" else getattr(torch, name)
 
 
+# Dense (no sparsity) bf16 peak FLOP/s of common GPUs, from the vendor datasheets; the first name contained in
+# torch.cuda.get_device_name() wins. MFU is the model's FLOPs per second over this (PaLM, Chowdhery et al. 2022).
+PEAK_FLOPS = [("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("B200", 2250e12),
+              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12)]
+
+
+def peak_flops(device):
+    """The device's bf16 peak in FLOP/s, or None where it is not in PEAK_FLOPS (every CPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+
+
 def build_model(model_cfg):
     if model_cfg.type == "gpt":
         return GPT(model_cfg)
@@ -98,11 +112,15 @@ def get_batch(data, batch_size, block_size, generator, device):
 
 
 @torch.no_grad()
-def estimate_loss(model, splits, cfg, device, autocast):
-    """Mean loss over eval_iters batches per split; the same batches every time, so estimates compare."""
+def estimate_loss(model, splits, cfg, device, autocast, full_val=False):
+    """Mean loss over eval_iters batches per split; the same batches every time, so estimates compare.
+    With full_val, the val split's loss is over all of its tokens instead (full_loss)."""
     model.eval()
     losses = {}
     for name, data in splits.items():
+        if full_val and name == "val":
+            losses[name] = full_loss(model, data, cfg.train.batch_size, cfg.model.block_size, device, autocast)
+            continue
         generator = torch.Generator().manual_seed(cfg.train.seed)
         total = 0.0
         for _ in range(cfg.train.eval_iters):
@@ -114,22 +132,84 @@ def estimate_loss(model, splits, cfg, device, autocast):
     return losses
 
 
-def get_lr(it, cfg):
-    """Linear warmup to learning_rate, then cosine decay to min_lr at max_iters."""
+@torch.no_grad()
+def full_loss(model, data, batch_size, block_size, device, autocast):
+    """Mean loss over every token of data: consecutive non-overlapping blocks (the last one shorter), each token
+    predicted once from the tokens before it in its block, as in training."""
+    ids = torch.from_numpy(data.astype(np.int64))
+    n_blocks = (len(ids) - 1) // block_size
+    blocks = ids[:n_blocks * block_size + 1].unfold(0, block_size + 1, block_size)  # (n_blocks, T + 1)
+    batches = list(blocks.split(batch_size)) + [ids[n_blocks * block_size:][None]]  # the tail, (1, < T + 1)
+    total = 0.0
+    for batch in batches:
+        if batch.size(1) < 2:
+            continue
+        with autocast:
+            loss = model(batch[:, :-1].to(device), batch[:, 1:].to(device))[1]
+        total += loss.item() * batch[:, 1:].numel()
+    return total / (len(ids) - 1)
+
+
+def get_lr(it, cfg, seconds=0.0):
+    """Linear warmup to learning_rate, then cosine decay to min_lr at max_iters, or with a time budget at
+    time_budget_s seconds of training, whichever comes first."""
     t = cfg.train
     if it < t.warmup_iters:
         return t.learning_rate * (it + 1) / t.warmup_iters
     progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
+    if t.time_budget_s > 0:
+        progress = max(progress, seconds / t.time_budget_s)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (t.learning_rate - t.min_lr)
 
 
 def make_optimizer(model, cfg, device):
-    """AdamW with weight decay on matrices only (not on norms, biases or vectors)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.train.weight_decay},
+    """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the blocks'
+    matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers");
+    embeddings, the head and the gains stay on AdamW, as Muon's authors advise."""
+    t = cfg.train
+    if t.optimizer not in ("adamw", "muon"):
+        raise ValueError(f"train.optimizer={t.optimizer!r} is unknown; use adamw or muon")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def on_muon(name, p):  # a matrix inside a block
+        return t.optimizer == "muon" and p.dim() == 2 and name.startswith("transformer.h.")
+
+    hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.train.learning_rate, betas=(cfg.train.beta1, cfg.train.beta2),
-                             fused=device.type == "cuda")
+    adamw = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
+    if not hidden:
+        return adamw
+    # lr_scale: the loop sets each group's lr to the scheduled lr times this
+    muon = torch.optim.Muon([{"params": hidden, "lr_scale": t.muon_lr / t.learning_rate}], lr=t.muon_lr,
+                            momentum=t.muon_momentum, weight_decay=t.weight_decay)
+    return Optimizers(adamw, muon)
+
+
+class Optimizers:
+    """Several optimizers that step, zero and checkpoint as one, so the loop and GradScaler see a single one."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):  # read afresh: load_state_dict replaces each optimizer's group dicts
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.optimizers]
+
+    def load_state_dict(self, states):
+        for o, state in zip(self.optimizers, states, strict=True):
+            o.load_state_dict(state)
 
 
 def save_checkpoint(path, state):
@@ -226,6 +306,8 @@ def train(cfg: Config):
                          f"block_size x processes = {tokens_per_micro}; change one of them")
     if cfg.train.learning_rate <= 0 or cfg.train.min_lr < 0:
         raise ValueError(f"train.learning_rate={cfg.train.learning_rate} must be positive (min_lr >= 0)")
+    if cfg.train.final_eval not in ("estimate", "full"):
+        raise ValueError(f"train.final_eval={cfg.train.final_eval!r} is unknown; use estimate or full")
     out_dir = Path(cfg.out_dir)
     ckpt_path = out_dir / "ckpt.pt"
     if ckpt_path.exists() and not cfg.train.resume:
@@ -322,32 +404,45 @@ def train(cfg: Config):
                 for s in (signal.SIGINT, signal.SIGTERM)}
     ckpt_interval = cfg.train.checkpoint_interval or cfg.train.eval_interval
     tokens_per_iter = tokens_per_micro * grad_accum
+    peak = peak_flops(device)
+    flops_per_token = raw_model.flops_per_token() if peak else 0
     progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not master, dynamic_ncols=True,
                     mininterval=1.0, file=sys.stdout)
     t_start = t_last = time.time()
     it, tokens_per_sec = start_iter, 0.0
+
+    def training_seconds():
+        """Seconds trained so far (a resumed run's earlier ones included); rank 0's clock, so every rank agrees."""
+        seconds = torch.tensor(elapsed_before + time.time() - t_start, device=device)
+        if distributed:
+            dist.broadcast(seconds, 0)
+        return seconds.item()
+
     try:
         while True:
+            seconds = training_seconds() if cfg.train.time_budget_s > 0 else 0.0
+            last = it == cfg.train.max_iters or 0 < cfg.train.time_budget_s <= seconds
             resumed_here = cfg.train.resume and it == start_iter  # the killed run already evaluated here
-            if master and not resumed_here and (it % cfg.train.eval_interval == 0 or it == cfg.train.max_iters):
-                losses = estimate_loss(eval_model, splits, cfg, device, autocast)
-                log("eval", train_loss=losses["train"], val_loss=losses["val"], lr=get_lr(it, cfg))
+            if master and not resumed_here and (it % cfg.train.eval_interval == 0 or last):
+                losses = estimate_loss(eval_model, splits, cfg, device, autocast,
+                                       full_val=last and cfg.train.final_eval == "full")
+                log("eval", train_loss=losses["train"], val_loss=losses["val"], lr=get_lr(it, cfg, seconds))
                 progress.write(f"iter {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
                 if losses["val"] < best_val:
                     best_val = losses["val"]
                     save_checkpoint(out_dir / "best.pt", checkpoint_state(it))
-            if (it % ckpt_interval == 0 and it != start_iter) or it == cfg.train.max_iters:
+            if (it % ckpt_interval == 0 and it != start_iter) or last:
                 state = checkpoint_state(it)
                 if master:
                     save_checkpoint(ckpt_path, state)
             stop = torch.tensor(float(bool(stop_signals)))
             if distributed:  # every rank stops at the same step, or the others would wait forever
                 dist.all_reduce(stop)
-            if it == cfg.train.max_iters or stop.item():
+            if last or stop.item():
                 break
-            lr = get_lr(it, cfg)
+            lr = get_lr(it, cfg, seconds)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
             step_loss = torch.zeros((), device=device)  # the mean loss over this step's global batch
             for micro in range(grad_accum):
                 # micro-batch k of step `it` depends only on (seed, it, k), k counted across ranks: a resumed run draws
@@ -389,7 +484,8 @@ def train(cfg: Config):
                 now = time.time()
                 tokens_per_sec = tokens_per_iter * cfg.logger.log_interval / (now - t_last)
                 t_last = now
-                log("log", train_loss=loss_value, lr=lr, tokens_per_sec=round(tokens_per_sec))
+                mfu = {"mfu": round(flops_per_token * tokens_per_sec / (peak * world_size), 4)} if peak else {}
+                log("log", train_loss=loss_value, lr=lr, tokens_per_sec=round(tokens_per_sec), **mfu)
                 progress.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
     finally:  # also when a signal, a non-finite loss or an error ends the loop
         progress.close()

@@ -37,3 +37,13 @@ def test_defaults_and_sample_config():
 def test_mistakes_fail_at_start_up(override, error):
     with pytest.raises(Exception, match=error):
         compose_config("config", [override])
+
+
+def test_speed_experiments_compose_with_their_recipes():
+    speedrun = compose_config("config", ["experiment=speedrun_cpu"])
+    assert speedrun.data.name == "shakespeare_char" and speedrun.train.optimizer == "muon"
+    assert speedrun.train.final_eval == "full" and speedrun.model.pos == "rope"
+    nanogpt = compose_config("config", ["experiment=nanogpt_cpu", "train.final_eval=full"])
+    assert (nanogpt.model.n_layer, nanogpt.model.n_embd, nanogpt.model.block_size, nanogpt.train.batch_size,
+            nanogpt.train.max_iters, nanogpt.model.pos, nanogpt.train.optimizer) == (4, 128, 64, 12, 2000, "learned",
+                                                                                 "adamw")

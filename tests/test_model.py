@@ -89,12 +89,16 @@ def test_rope_scores_depend_only_on_relative_offset():
     q, k = torch.randn(16), torch.randn(16)
 
     def score(i, j):
-        qi = apply_rope(q.view(1, 1, 1, 16), cos[i].view(1, 1, 1, 8), sin[i].view(1, 1, 1, 8))
-        kj = apply_rope(k.view(1, 1, 1, 16), cos[j].view(1, 1, 1, 8), sin[j].view(1, 1, 1, 8))
+        qi = apply_rope(q.view(1, 1, 1, 16), cos[i].view(1, 1, 1, 16), sin[i].view(1, 1, 1, 16))
+        kj = apply_rope(k.view(1, 1, 1, 16), cos[j].view(1, 1, 1, 16), sin[j].view(1, 1, 1, 16))
         return (qi * kj).sum()
 
     torch.testing.assert_close(score(7, 3), score(40, 36), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(score(7, 3), score(7, 5))
+    # the rotation itself: pair (q[d], q[d + 8]) turns by position * base^(-d/8)
+    angle = 5 * 10000.0 ** (-torch.arange(8) / 8)
+    rotated = torch.cat([q[:8] * angle.cos() - q[8:] * angle.sin(), q[8:] * angle.cos() + q[:8] * angle.sin()])
+    torch.testing.assert_close(apply_rope(q, cos[5], sin[5]), rotated)
 
 
 def cached_logits(model, x, prefill, mask=None):

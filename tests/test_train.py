@@ -3,12 +3,14 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import train as train_module
 from conftest import tiny_config
@@ -119,3 +121,69 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     train(cfg)
     runs = list((Path(cfg.out_dir) / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+def test_muon_trains_and_resumes_exactly(tmp_path, monkeypatch):
+    straight = tiny_config(tmp_path / "a", optimizer="muon", max_iters=20, checkpoint_interval=10)
+    train(straight)
+    evals = read_metrics(straight.out_dir, "eval")
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5  # it learned
+    interrupted = tiny_config(tmp_path / "b", optimizer="muon", max_iters=20, checkpoint_interval=10)
+    real_save = train_module.save_checkpoint
+
+    def crash_at_iteration_10(path, state):
+        real_save(path, state)
+        if path.name == "ckpt.pt":
+            raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(train_module, "save_checkpoint", crash_at_iteration_10)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(interrupted)
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    train(replace(interrupted, train=replace(interrupted.train, resume=True)))
+    a, b = (load_checkpoint(Path(c.out_dir) / "ckpt.pt") for c in (straight, interrupted))
+    assert len(a["optimizer"]) == 2  # AdamW's state, then Muon's momentum buffers
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_time_budget_stops_on_time_with_the_lr_decayed(tmp_path):
+    cfg = tiny_config(tmp_path, time_budget_s=2.0, max_iters=10**6, eval_interval=10**6, min_lr=1e-4)
+    summary = train(cfg)
+    final = read_metrics(cfg.out_dir, "eval")[-1]
+    assert 0 < summary["iters"] < 10**6 and final["iter"] == summary["iters"]
+    assert 2.0 <= final["elapsed_s"] < 4.0  # the budget, plus the last step and the evaluation
+    assert read_metrics(cfg.out_dir, "log")[-1]["lr"] < 2e-4  # the cosine ran its course within the budget
+    assert get_lr(10, cfg, seconds=0.0) > get_lr(10, cfg, seconds=1.0) > get_lr(10, cfg, seconds=2.0) == 1e-4
+
+
+def test_full_loss_scores_every_token_once_with_its_block_as_context():
+    torch.manual_seed(0)
+    model = train_module.GPT(train_module.ModelConfig(vocab_size=11, n_layer=1, n_head=2, n_embd=16, block_size=8))
+    data = np.random.default_rng(0).integers(0, 11, 103).astype(np.uint16)  # 12 blocks of 8, then a tail of 6
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x, y):
+            seen.append(y.flatten())
+            return model(x, y)
+
+    loss = train_module.full_loss(Recorder(), data, 5, 8, torch.device("cpu"), nullcontext())
+    ids = torch.from_numpy(data.astype(np.int64))
+    assert torch.equal(torch.cat(seen), ids[1:])
+    nll = []  # the reference: each block on its own, every position's loss
+    for s in range(0, len(ids) - 1, 8):
+        x, y = ids[s:min(s + 8, len(ids) - 1)], ids[s + 1:s + 9]
+        nll.append(F.cross_entropy(model(x[None])[0][0], y, reduction="none"))
+    assert loss == pytest.approx(torch.cat(nll).mean().item(), rel=1e-5)
+
+
+def test_final_eval_full_logs_the_whole_val_split_loss(tmp_path):
+    cfg = tiny_config(tmp_path, max_iters=4, eval_interval=4, final_eval="full")
+    train(cfg)
+    ckpt = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt")
+    model = train_module.GPT(train_module.ModelConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    val = train_module.load_split(next(Path(cfg.data.dir).iterdir()), "val")
+    expected = train_module.full_loss(model.eval(), val, 8, 32, torch.device("cpu"), nullcontext())
+    assert read_metrics(cfg.out_dir, "eval")[-1]["val_loss"] == pytest.approx(expected, rel=1e-5)

@@ -1,0 +1,245 @@
+"""Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory.
+
+    python bench.py                          # every section on the CPU (about 8 minutes on 2 cores)
+    python bench.py --only train,attention   # some of the sections: train, sample, attention, generate
+    python bench.py --quick                  # tiny sizes, one round: checks that everything runs
+    python bench.py --device cuda            # bf16 autocast, torch.compile and fused AdamW; MFU where the peak is known
+
+What is compared runs alternately (A B A B ...) and the tables show medians over rounds, so a neighbour that slows a
+shared machine for a while slows both sides. Warm-up steps and start-up are not timed. Tables print as Markdown.
+"""
+import argparse
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from model import GPT, manual_attention
+from train import autocast_dtype, make_optimizer, peak_flops
+
+CHAR_VOCAB = 65  # tiny Shakespeare's characters
+# sizes: call_s, seconds per timed call of training steps; rounds, of each A/B alternation (sample_rounds and
+# gen_rounds for the slow sampling sections); new_tokens after an 8-token prompt at each context, timed per window
+FULL = dict(call_s=0.5, rounds=5, sample_rounds=3, new_tokens=1000, window=100, contexts=(64, 256, 1024),
+            lengths=(256, 1024, 4096), gen=dict(n_layer=6, n_head=6, n_embd=384, block_size=1024), gen_prompt=512,
+            gen_new=512, gen_rounds=1)
+QUICK = dict(call_s=0.0, rounds=1, sample_rounds=1, new_tokens=40, window=10, contexts=(16, 64), lengths=(64, 128),
+             gen=dict(n_layer=2, n_head=2, n_embd=32, block_size=64), gen_prompt=16, gen_new=16, gen_rounds=1)
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model shape for the train section
+
+
+def config(*overrides):
+    """The Config that `python train.py OVERRIDES` would run."""
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "configs"), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alternate(fns, rounds, device):
+    """Call each of fns once per round, in turn (A B A B ...); the median seconds per call of each."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def table(header, rows):
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(x) for x in row) + " |")
+    print()
+
+
+def train_section(args, device, sizes):
+    gpt2_batch = 2 if args.quick else 8 if device.type == "cuda" else 1  # GPT-2 at a small batch on the CPU
+    cases = {"nanoGPT CPU recipe": config("experiment=nanogpt_cpu"), "speedrun_cpu": config("experiment=speedrun_cpu"),
+             "GPT-2 124M": config("model=gpt2", f"train.batch_size={gpt2_batch}")}
+    steps = {}
+    for name, cfg in cases.items():
+        vocab = CHAR_VOCAB if cfg.data.tokenizer == "char" else cfg.model.vocab_size
+        model_cfg = replace(cfg.model, vocab_size=vocab, **(TINY if args.quick else {}))
+        cfg = replace(cfg, model=model_cfg)
+        torch.manual_seed(0)
+        model = GPT(model_cfg).to(device)
+        optimizer = make_optimizer(model, cfg, device)
+        dtype = autocast_dtype(device, cfg.train.dtype)
+        compiled = torch.compile(model) if device.type == "cuda" else model
+        x, y = torch.randint(0, vocab, (2, cfg.train.batch_size, model_cfg.block_size), device=device)
+
+        def step(model=model, compiled=compiled, optimizer=optimizer, dtype=dtype, x=x, y=y, clip=cfg.train.grad_clip):
+            with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+                loss = compiled(x, y)[1]
+            loss.backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        for _ in range(1 if args.quick else 3):  # warm-up (and compilation)
+            step()
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        repeat = max(1, round(sizes["call_s"] / (time.perf_counter() - start)))  # steps per timed call
+        steps[name] = (cfg, model, dtype, repeat, lambda step=step, repeat=repeat: [step() for _ in range(repeat)])
+    seconds = alternate({name: s[4] for name, s in steps.items()}, sizes["rounds"], device)
+    peak, rows = peak_flops(device), []
+    for name, (cfg, model, dtype, repeat, _) in steps.items():
+        m, per_iter = cfg.model, seconds[name] / repeat
+        tokens = cfg.train.batch_size * m.block_size / per_iter
+        mfu = f"{model.flops_per_token() * tokens / peak:.1%}" if peak else "n/a"
+        rows.append([name, f"{m.n_layer}x{m.n_embd}, T={m.block_size}, B={cfg.train.batch_size}",
+                     f"{model.num_params() / 1e6:.2f}M", cfg.train.optimizer, str(dtype or torch.float32)[6:],
+                     f"{per_iter * 1e3:.1f}", f"{tokens:,.0f}", mfu])
+    print("### Training throughput (forward, backward, clip, optimizer step; synthetic batches)\n")
+    table(["config", "shape", "params", "optimizer", "dtype", "ms/iter", "tokens/s", "MFU"], rows)
+
+
+def time_tokens(model, prompt, new_tokens, kv_cache, device, generator):
+    """Seconds for each new token, from the prompt on."""
+    times, last = [], time.perf_counter()
+    for _ in model.generate_stream(prompt, new_tokens, kv_cache=kv_cache, generator=generator):
+        sync(device)
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return times
+
+
+def compare_cache(model, prompt, new_tokens, rounds, device):
+    """Per-token seconds with and without the KV cache, alternating; the per-round lists of each."""
+    runs = {True: [], False: []}
+    generator = torch.Generator(device).manual_seed(0)
+    for _ in range(rounds):
+        for kv_cache in runs:
+            runs[kv_cache].append(time_tokens(model, prompt, new_tokens, kv_cache, device, generator))
+    return runs
+
+
+def sample_section(args, device, sizes):
+    recipe = config("experiment=nanogpt_cpu").model
+    n, w, rows = sizes["new_tokens"], sizes["window"], []
+    for context in sizes["contexts"]:
+        model = GPT(replace(recipe, vocab_size=CHAR_VOCAB, block_size=context)).to(device).eval()
+        prompt = torch.randint(0, CHAR_VOCAB, (1, 8), device=device)
+        runs = compare_cache(model, prompt, n, sizes["sample_rounds"], device)
+        speed = {kv: n / statistics.median(sum(r) for r in runs[kv]) for kv in runs}
+        ms = {(kv, end): statistics.median(sum(r[window]) / w * 1e3 for r in runs[kv])  # first / last w tokens
+              for kv in runs for end, window in (("first", slice(w)), ("last", slice(-w, None)))}
+        rows.append([context, f"{speed[False]:,.0f}", f"{speed[True]:,.0f}", f"{speed[True] / speed[False]:.1f}x",
+                     f"{ms[False, 'first']:.2f} / {ms[False, 'last']:.2f}",
+                     f"{ms[True, 'first']:.2f} / {ms[True, 'last']:.2f}"])
+    print(f"### Sampling: {n} tokens after an 8-token prompt, nanoGPT recipe's shape, batch 1\n")
+    table(["context (block_size)", "tokens/s, recompute", "tokens/s, KV cache", "speed-up",
+           f"ms/token first / last {w}, recompute", f"ms/token first / last {w}, KV cache"], rows)
+
+
+def peak_bytes(fn, device):
+    """The most memory fn's tensors hold at once, beyond what was allocated before: on CUDA the allocator's own
+    peak; on the CPU the running sum of the profiler's allocation and free events, which cover every tensor the
+    CPU allocator hands out, the fused kernels' own buffers included."""
+    if device.type == "cuda":
+        sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak
+
+
+def attention_section(args, device, sizes):
+    paths = {"fused (SDPA)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "manual": lambda q, k, v: manual_attention(q, k, v, None, True)[0]}
+    rows = []
+    for T in sizes["lengths"]:
+        q, k, v, grad = (torch.randn(1, 4, T, 64, device=device, requires_grad=i < 3) for i in range(4))
+
+        def step(attend):
+            q.grad = k.grad = v.grad = None
+            attend(q, k, v).backward(grad)
+
+        fns = {name: lambda attend=attend: step(attend) for name, attend in paths.items()}
+        for fn in fns.values():
+            fn()
+        seconds = alternate(fns, sizes["rounds"], device)
+        memory = {}
+        for name, fn in fns.items():
+            q.grad = k.grad = v.grad = None  # freed before measuring, so the peak counts this call's tensors only
+            memory[name] = peak_bytes(fn, device)
+        fused, manual = paths
+        rows.append([T, f"{seconds[fused] * 1e3:.2f}", f"{seconds[manual] * 1e3:.2f}",
+                     f"{memory[fused] / 2**20:.1f}", f"{memory[manual] / 2**20:.1f}",
+                     f"{memory[fused] / memory[manual]:.3f}"])
+    print("### Causal attention, forward + backward (B=1, n_head=4, head size 64, fp32)\n")
+    table(["T", "ms, fused", "ms, manual", "peak MiB, fused", "peak MiB, manual", "memory fused/manual"], rows)
+
+
+def generate_section(args, device, sizes):
+    recipe = config("experiment=nanogpt_cpu").model
+    model = GPT(replace(recipe, vocab_size=CHAR_VOCAB, **sizes["gen"])).to(device).eval()
+    prompt = torch.randint(0, CHAR_VOCAB, (1, sizes["gen_prompt"]), device=device)
+    runs = compare_cache(model, prompt, sizes["gen_new"], sizes["gen_rounds"], device)
+    speed = {kv: sizes["gen_new"] / statistics.median(sum(r) for r in runs[kv]) for kv in runs}
+    m = model.config
+    print(f"### Generation: {sizes['gen_new']} tokens after a {sizes['gen_prompt']}-token prompt, "
+          f"{m.n_layer}x{m.n_embd} model ({model.num_params() / 1e6:.1f}M), block_size={m.block_size}\n")
+    table(["tokens/s, recompute", "tokens/s, KV cache", "speed-up"],
+          [[f"{speed[False]:,.1f}", f"{speed[True]:,.1f}", f"{speed[True] / speed[False]:.1f}x"]])
+
+
+SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
+            "generate": generate_section}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes and one round, to check the script runs")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:1 ...")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    args = parser.parse_args(argv)
+    unknown = set(args.only.split(",")) - SECTIONS.keys()
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; use {', '.join(SECTIONS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"## attnlab bench: torch {torch.__version__}, {where}{', quick' if args.quick else ''}\n")
+    sizes = QUICK if args.quick else FULL
+    for name in SECTIONS:
+        if name in args.only.split(","):
+            generating = device.type == "cuda" and name in ("sample", "generate")
+            with torch.autocast(device.type, dtype=torch.bfloat16) if generating else nullcontext():
+                SECTIONS[name](args, device, sizes)
+
+
+if __name__ == "__main__":
+    main()
