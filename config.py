@@ -60,6 +60,19 @@ class TrainConfig:
     time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
     final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
 
+    def __post_init__(self):
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        choices = dict(dtype=("auto", "float32", "bfloat16", "float16"), optimizer=("adamw", "muon"),
+                       final_eval=("estimate", "full"))
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
+
 
 @dataclass
 class LoggerConfig:
@@ -68,6 +81,12 @@ class LoggerConfig:
     wandb_project: str = "attnlab"
     wandb_run_name: str | None = None  # None: the out_dir's name
     wandb_mode: str = "online"  # online | offline | disabled
+
+    def __post_init__(self):
+        if self.log_interval <= 0:
+            raise ValueError(f"logger.log_interval={self.log_interval} must be positive")
+        if self.wandb_mode not in ("online", "offline", "disabled"):
+            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is unknown; use online, offline or disabled")
 
 
 @dataclass
