@@ -18,7 +18,7 @@ from model import GPTConfig
 
 @dataclass
 class ModelConfig(GPTConfig):
-    type: str = "gpt"  # gpt (model.py)
+    type: str = "gpt"  # gpt (model.py) | lstm | gru (rnn.py: n_layer layers of width n_embd; attention fields unused)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from config import Config, ModelConfig, register_configs, run_cli
 from data.prepare import load_meta, load_split, prepare
 from model import GPT
+from rnn import RNN
 
 register_configs()
 
@@ -76,7 +77,9 @@ def peak_flops(device):
 def build_model(model_cfg):
     if model_cfg.type == "gpt":
         return GPT(model_cfg)
-    raise ValueError(f"model.type={model_cfg.type!r} is unknown; use gpt")
+    if model_cfg.type in ("lstm", "gru"):
+        return RNN(model_cfg)
+    raise ValueError(f"model.type={model_cfg.type!r} is unknown; use gpt, lstm or gru")
 
 
 def load_pretrained(cfg, meta):
