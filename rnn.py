@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from model import check_sampling, sample_token
+from model import GPT, check_sampling, sample_token
 
 
 class RNNState:
@@ -145,7 +145,4 @@ class RNN(nn.Module):
             if stops.numel() and done.all():
                 return
 
-    def generate(self, idx, max_new_tokens, **kwargs):
-        """The prompts idx (B, T) followed by up to max_new_tokens tokens; arguments as generate_stream."""
-        new = list(self.generate_stream(idx, max_new_tokens, **kwargs))
-        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
+    generate = GPT.generate  # the same collector over generate_stream
