@@ -285,9 +285,7 @@ def train(cfg: Config):
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-        own_process_group = not dist.is_initialized()
-        if own_process_group:
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     master = rank == 0
     dtype = autocast_dtype(device, cfg.train.dtype)
     autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
@@ -350,7 +348,8 @@ def train(cfg: Config):
         model = torch.compile(model)
     eval_model = model
     if distributed:
-        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, broadcast_buffers=False)
+        # the only buffers (RoPE and sinusoid tables) are computed identically on every rank: no per-step sync
+        model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None, forward_sync_buffers=False)
 
     def checkpoint_state(it):
         return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -498,7 +497,7 @@ def train(cfg: Config):
         if wandb_run:
             wandb_run.finish()
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints and loss.png in {out_dir}")
-    if distributed and own_process_group:  # a caller that set up the process group (a test) keeps it
+    if distributed:
         dist.destroy_process_group()
     return summary
 

@@ -3,6 +3,7 @@ rank, the loss curve of a single process with the same global batch, and an exac
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,8 +62,8 @@ def test_two_processes_train_like_one_with_the_same_global_batch_and_resume(tmp_
                                                     "metrics.jsonl"]  # rank 0 alone writes: one of each
     resumed = torchrun("-m", "tests.ddp_driver", *args, "train.max_iters=8", "train.resume=true", f"out_dir={ddp}")
     assert f"resuming from {ddp / 'ckpt.pt'} at iter 4" in resumed
-    digests = resumed.split("parameter sha256 by rank: ")[1].split()
-    assert len(digests) == 2 and digests[0] == digests[1]
+    digests = dict(re.findall(r"rank (\d) parameter sha256: (\w+)", resumed))
+    assert sorted(digests) == ["0", "1"] and digests["0"] == digests["1"]
 
     one, two = logged(tmp_path / "one"), logged(ddp)
     assert [i for i, _ in two] == [i for i, _ in one] == list(range(1, 9))
