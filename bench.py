@@ -1,7 +1,10 @@
-"""Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory.
+"""Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, and whole
+training runs of the CPU speedrun against nanoGPT's recipe.
 
-    python bench.py                          # every section on the CPU (about 8 minutes on 2 cores)
+    python bench.py                          # train, sample, attention, generate on the CPU (about 8 minutes, 2 cores)
     python bench.py --only train,attention   # some of the sections: train, sample, attention, generate
+    python bench.py --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 15 minutes
+    python bench.py --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, about 15 minutes
     python bench.py --quick                  # tiny sizes, one round: checks that everything runs
     python bench.py --device cuda            # bf16 autocast, torch.compile and fused AdamW; MFU where the peak is known
 
@@ -9,7 +12,12 @@ What is compared runs alternately (A B A B ...) and the tables show medians over
 shared machine for a while slows both sides. Warm-up steps and start-up are not timed. Tables print as Markdown.
 """
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -23,15 +31,31 @@ from omegaconf import OmegaConf
 from model import GPT, manual_attention
 from train import autocast_dtype, make_optimizer, peak_flops
 
+ROOT = Path(__file__).resolve().parent
 CHAR_VOCAB = 65  # tiny Shakespeare's characters
 # sizes: call_s, seconds per timed call of training steps; rounds, of each A/B alternation (sample_rounds and
 # gen_rounds for the slow sampling sections); new_tokens after an 8-token prompt at each context, timed per window
 FULL = dict(call_s=0.5, rounds=5, sample_rounds=3, new_tokens=1000, window=100, contexts=(64, 256, 1024),
             lengths=(256, 1024, 4096), gen=dict(n_layer=6, n_head=6, n_embd=384, block_size=1024), gen_prompt=512,
-            gen_new=512, gen_rounds=1)
+            gen_new=512, gen_rounds=1, seeds=3, run=[])
 QUICK = dict(call_s=0.0, rounds=1, sample_rounds=1, new_tokens=40, window=10, contexts=(16, 64), lengths=(64, 128),
-             gen=dict(n_layer=2, n_head=2, n_embd=32, block_size=64), gen_prompt=16, gen_new=16, gen_rounds=1)
+             gen=dict(n_layer=2, n_head=2, n_embd=32, block_size=64), gen_prompt=16, gen_new=16, gen_rounds=1, seeds=1,
+             run=["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.max_iters=2",
+                  "train.time_budget_s=0"])
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model shape for the train section
+# Whole runs of train.py, timed from launch to exit (start-up, data loading, every evaluation and the final one over
+# the whole validation split included), each recipe with its own iteration count
+RECIPES = {"nanoGPT CPU recipe": ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
+           "speedrun_cpu_long": ["experiment=speedrun_cpu_long"]}
+# experiment=speedrun_cpu with one lever taken away at a time, every run given the same seconds of training (its
+# own time at 2 threads on an idle machine), so a lever that makes steps slower pays for it in steps
+ABLATION_BUDGET_S = 21
+LEVERS = {"speedrun_cpu, every lever": [], "AdamW instead of Muon": ["train.optimizer=adamw"],
+          "learned positions instead of RoPE": ["model.pos=learned"],
+          "LayerNorm instead of RMSNorm": ["model.norm=layernorm"], "GELU MLP instead of ReLU²": ["model.mlp=gelu"],
+          "no QK-norm": ["model.qk_norm=false"], "warmup 100 steps instead of 20": ["train.warmup_iters=100"],
+          "Muon momentum 0.95 instead of 0.85": ["train.muon_momentum=0.95"],
+          "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"]}
 
 
 def config(*overrides):
@@ -212,16 +236,70 @@ def generate_section(args, device, sizes):
           [[f"{speed[False]:,.1f}", f"{speed[True]:,.1f}", f"{speed[True] / speed[False]:.1f}x"]])
 
 
+def train_run(overrides, seed, args, sizes):
+    """One `python train.py` run: (wall seconds from launch to exit, iterations, whole-val loss)."""
+    data = [f"data.path={args.data_path}"] if args.data_path else []
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    with tempfile.TemporaryDirectory() as out_dir:
+        command = [sys.executable, "train.py", *overrides, *data, *sizes["run"], f"train.seed={seed}",
+                   "train.final_eval=full", f"out_dir={out_dir}/run"]
+        start = time.perf_counter()
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if result.returncode:
+            last_line = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
+            sys.exit(f"bench: `{' '.join(command[1:])}` failed: {last_line[0]}")
+        rows = map(json.loads, (Path(out_dir) / "run" / "metrics.jsonl").read_text().splitlines())
+        final = [r for r in rows if r["event"] == "eval"][-1]
+    return wall, final["iter"], final["val_loss"]
+
+
+def alternate_runs(cases, args, sizes):
+    """Every case once per seed, in turn (A B C A B C ...), so a busy spell slows each case alike."""
+    runs = {name: [] for name in cases}
+    for seed in range(sizes["seeds"]):
+        for name, overrides in cases.items():
+            runs[name].append(train_run(overrides, seed, args, sizes))
+    return runs
+
+
+def speedrun_section(args, device, sizes):
+    runs = alternate_runs(RECIPES, args, sizes)
+    reference = statistics.median(wall for wall, _, _ in runs["nanoGPT CPU recipe"])
+    rows = []
+    for name, results in runs.items():
+        wall = statistics.median(w for w, _, _ in results)
+        rows.append([name, results[0][1], f"{wall:.1f}", f"{wall / reference:.0%}",
+                     f"{statistics.median(loss for _, _, loss in results):.4f}",
+                     ", ".join(f"{loss:.4f}" for _, _, loss in results)])
+    print(f"### Speedrun: whole runs of train.py, wall time from launch to exit, {sizes['seeds']} seed(s)\n")
+    table(["recipe", "iters", "wall s (median)", "wall vs nanoGPT", "whole-val loss (median)", "per seed"], rows)
+
+
+def ablation_section(args, device, sizes):
+    budget = [] if sizes["run"] else ["train.max_iters=1000000", f"train.time_budget_s={ABLATION_BUDGET_S}"]
+    runs = alternate_runs({name: ["experiment=speedrun_cpu", *budget, *lever] for name, lever in LEVERS.items()},
+                          args, sizes)
+    losses = {name: statistics.median(loss for _, _, loss in results) for name, results in runs.items()}
+    base = losses["speedrun_cpu, every lever"]
+    rows = [[name, statistics.median(it for _, it, _ in results), f"{losses[name]:.4f}", f"{losses[name] - base:+.4f}",
+             ", ".join(f"{loss:.4f}" for _, _, loss in results)] for name, results in runs.items()]
+    print(f"### Ablation: experiment=speedrun_cpu, {ABLATION_BUDGET_S} s of training each, {sizes['seeds']} seed(s)\n")
+    table(["change", "iters (median)", "whole-val loss (median)", "vs every lever", "per seed"], rows)
+
+
 SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
-            "generate": generate_section}
+            "generate": generate_section, "speedrun": speedrun_section, "ablation": ablation_section}
+DEFAULT_SECTIONS = "train,sample,attention,generate"  # the whole-run sections take long: ask for them by name
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--only", default=DEFAULT_SECTIONS, help=f"comma-separated sections: {', '.join(SECTIONS)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes and one round, to check the script runs")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:1 ...")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    parser.add_argument("--data-path", help="tiny Shakespeare's text for speedrun and ablation (else it downloads)")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - SECTIONS.keys()
     if unknown:

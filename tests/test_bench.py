@@ -1,11 +1,36 @@
 """bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
+import pytest
+
 import bench
 
 
-def test_quick_bench_prints_every_section(capsys):
+def test_quick_bench_prints_every_default_section(capsys):
     bench.main(["--quick"])
     out = capsys.readouterr().out
     for title in ("Training throughput", "Sampling", "Causal attention", "Generation"):
         assert f"### {title}" in out
+    assert "### Speedrun" not in out and "### Ablation" not in out  # whole runs only when asked for
     assert "| nanoGPT CPU recipe |" in out and "| speedrun_cpu |" in out and "| GPT-2 124M |" in out
     assert "n/a" in out  # no MFU on the CPU
+
+
+@pytest.mark.slow
+def test_quick_speedrun_and_ablation_run_every_recipe_and_lever(tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("To be, or not to be, that is the question.\n" * 40)
+    monkeypatch.setitem(bench.QUICK, "run", [*bench.QUICK["run"], f"data.dir={tmp_path / 'prepared'}"])
+    bench.main(["--quick", "--only", "speedrun,ablation", "--data-path", str(corpus)])
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    names = [row[0][2:] for row in rows]
+    assert names == ["recipe", *bench.RECIPES, "change", *bench.LEVERS]
+    for row in rows:
+        if row[0][2:] in bench.RECIPES:  # iterations as each recipe's quick run asked, a finite whole-val loss
+            assert row[1] == "2" and 0 < float(row[4]) < 10
+    assert "| nanoGPT CPU recipe | 2 |" in out and "| 100% |" in out  # the reference against itself
+
+
+def test_a_failing_run_names_the_command(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.QUICK, "run", ["model.n_embd=33"])  # not divisible by n_head
+    with pytest.raises(SystemExit, match="failed: .*n_embd"):
+        bench.main(["--quick", "--only", "speedrun", "--data-path", str(tmp_path / "corpus.txt")])
