@@ -124,9 +124,10 @@ def register_configs():
     cs.store(name="sample_schema", node=SampleConfig)
 
 
-def run_cli(hydra_main):
+def run_cli(hydra_main, help_script=None):
     """Run a @hydra.main entry point. A mistake on the command line (an unknown key, a value of the wrong type, a
-    missing preset) is reported like every other mistake: one line naming the fix, exit status 2."""
+    missing preset) is reported like every other mistake: one line naming the fix, exit status 2. The fix points at
+    `python <help_script> --help` (the running script by default)."""
     full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's complete stack trace
     os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise its errors to us instead of printing several lines
     try:
@@ -134,11 +135,11 @@ def run_cli(hydra_main):
     except (HydraException, OmegaConfBaseException) as e:
         if full_error:
             raise
-        print(f"error: {hydra_error_line(e)}", file=sys.stderr)
+        print(f"error: {hydra_error_line(e, help_script or Path(sys.argv[0]).name)}", file=sys.stderr)
         sys.exit(2)
 
 
-def hydra_error_line(e):
+def hydra_error_line(e, help_script):
     """First lines only of Hydra's message and of the OmegaConf error behind it, then the fix: Hydra's own advice
     (append a key with +key=value, the config search path) does not help here."""
     message = str(e).splitlines()[0].rstrip(".")
@@ -148,4 +149,4 @@ def hydra_error_line(e):
         return f"{message}; quote a value holding spaces or symbols: 'key=\"a value\"'"
     if isinstance(e.__cause__, OmegaConfBaseException):
         message += f": {str(e.__cause__).splitlines()[0]}"
-    return f"{message}; python {Path(sys.argv[0]).name} --help lists every key, its default and the presets"
+    return f"{message}; python {help_script} --help lists every key, its default and the presets"

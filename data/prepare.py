@@ -25,7 +25,7 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex, as get_encoding("gpt2") uses
 from tqdm import tqdm
 
-from config import DataConfig
+from config import DataConfig, run_cli
 
 CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2")
@@ -279,16 +279,17 @@ def main():
     from config import register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="config", overrides=sys.argv[1:]))
     try:
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+            cfg = OmegaConf.to_object(compose(config_name="config", overrides=sys.argv[1:]))
         folder = prepare(cfg.data, cfg.model.block_size)
     except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     meta = load_meta(folder)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens, "
           f"vocab_size={meta['vocab_size']}")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, help_script="train.py")  # the same config as train.py's

@@ -96,6 +96,9 @@ CASES = {
     "sample a checkpoint that runs code": ("sample.py", "out_dir={root}/hostile",
                                            "(io.open) that would run code when loaded, which is refused"),
     "unknown sample key": ("sample.py", "temp=0.5", "Key 'temp' not in 'SampleConfig'; python sample.py --help"),
+    "prepare: unknown key": ("-m data.prepare", "data.pth=x", "Key 'pth' not in 'DataConfig'; python train.py --help"),
+    "prepare: missing corpus": ("-m data.prepare", "data=text data.path={root}/missing.txt",
+                                "does not exist; pass data.path=FILE"),
 }
 
 
@@ -104,7 +107,7 @@ def run_case(case, root, data):
     args = [a.format(root=root) for a in args.split(" ")]
     if script == "train.py":
         args = [*TINY, *data, f"out_dir={root / case.replace(' ', '-')}", *args]
-    return subprocess.run([sys.executable, script, *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *script.split(), *args], cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=300)
 
 
