@@ -40,16 +40,14 @@ FULL = dict(call_s=0.5, rounds=5, sample_rounds=3, new_tokens=1000, window=100, 
             gen_new=512, gen_rounds=1, seeds=3, run=[])
 QUICK = dict(call_s=0.0, rounds=1, sample_rounds=1, new_tokens=40, window=10, contexts=(16, 64), lengths=(64, 128),
              gen=dict(n_layer=2, n_head=2, n_embd=32, block_size=64), gen_prompt=16, gen_new=16, gen_rounds=1, seeds=1,
-             run=["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.max_iters=2",
-                  "train.time_budget_s=0"])
+             run=["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.max_iters=2"])
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model shape for the train section
 # Whole runs of train.py, timed from launch to exit (start-up, data loading, every evaluation and the final one over
 # the whole validation split included), each recipe with its own iteration count
 RECIPES = {"nanoGPT CPU recipe": ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
            "speedrun_cpu_long": ["experiment=speedrun_cpu_long"]}
-# experiment=speedrun_cpu with one lever taken away at a time, every run given the same seconds of training (its
-# own time at 2 threads on an idle machine), so a lever that makes steps slower pays for it in steps
-ABLATION_BUDGET_S = 21
+# experiment=speedrun_cpu with one lever taken away at a time, each run its 300 steps: the loss is then the same on
+# every run of a seed (a time budget would add the machine's noise to it), and a slower step shows in the wall time
 LEVERS = {"speedrun_cpu, every lever": [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "learned positions instead of RoPE": ["model.pos=learned"],
           "LayerNorm instead of RMSNorm": ["model.norm=layernorm"], "GELU MLP instead of ReLU²": ["model.mlp=gelu"],
@@ -277,15 +275,16 @@ def speedrun_section(args, device, sizes):
 
 
 def ablation_section(args, device, sizes):
-    budget = [] if sizes["run"] else ["train.max_iters=1000000", f"train.time_budget_s={ABLATION_BUDGET_S}"]
-    runs = alternate_runs({name: ["experiment=speedrun_cpu", *budget, *lever] for name, lever in LEVERS.items()},
-                          args, sizes)
+    runs = alternate_runs({name: ["experiment=speedrun_cpu", *lever] for name, lever in LEVERS.items()}, args, sizes)
     losses = {name: statistics.median(loss for _, _, loss in results) for name, results in runs.items()}
-    base = losses["speedrun_cpu, every lever"]
-    rows = [[name, statistics.median(it for _, it, _ in results), f"{losses[name]:.4f}", f"{losses[name] - base:+.4f}",
-             ", ".join(f"{loss:.4f}" for _, _, loss in results)] for name, results in runs.items()]
-    print(f"### Ablation: experiment=speedrun_cpu, {ABLATION_BUDGET_S} s of training each, {sizes['seeds']} seed(s)\n")
-    table(["change", "iters (median)", "whole-val loss (median)", "vs every lever", "per seed"], rows)
+    walls = {name: statistics.median(wall for wall, _, _ in results) for name, results in runs.items()}
+    base = "speedrun_cpu, every lever"
+    rows = [[name, f"{walls[name]:.1f}", f"{walls[name] - walls[base]:+.1f}", f"{losses[name]:.4f}",
+             f"{losses[name] - losses[base]:+.4f}", ", ".join(f"{loss:.4f}" for _, _, loss in results)]
+            for name, results in runs.items()]
+    print(f"### Ablation: experiment=speedrun_cpu, one lever taken away, {sizes['seeds']} seed(s)\n")
+    table(["change", "wall s (median)", "vs every lever", "whole-val loss (median)", "vs every lever", "per seed"],
+          rows)
 
 
 SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
