@@ -398,7 +398,7 @@ def train(cfg: Config):
     progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not master, dynamic_ncols=True,
                     mininterval=1.0, file=sys.stdout)
     t_start = t_last = time.time()
-    it, tokens_per_sec = start_iter, 0.0
+    it, tokens_per_sec, last = start_iter, 0.0, False
 
     def training_seconds():
         """Seconds trained so far (a resumed run's earlier ones included); rank 0's clock, so every rank agrees."""
@@ -480,6 +480,8 @@ def train(cfg: Config):
         progress.close()
         if master:
             metrics.close()
+            if wandb_run:  # a run that a signal or an error ended shows as failed in wandb
+                wandb_run.finish(exit_code=0 if last else 1)
         for s, handler in handlers.items():
             signal.signal(s, handler)
     if stop_signals:
@@ -494,8 +496,6 @@ def train(cfg: Config):
     summary = {"iters": it, "best_val_loss": best_val, "skipped_steps": skipped_steps, "out_dir": str(out_dir)}
     if master:
         plot_losses(out_dir)
-        if wandb_run:
-            wandb_run.finish()
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints and loss.png in {out_dir}")
     if distributed:
         dist.destroy_process_group()
