@@ -267,12 +267,13 @@ def speedrun_section(args, device, sizes):
     reference = statistics.median(wall for wall, _, _ in runs["nanoGPT CPU recipe"])
     rows = []
     for name, results in runs.items():
-        wall = statistics.median(w for w, _, _ in results)
-        rows.append([name, results[0][1], f"{wall:.1f}", f"{wall / reference:.0%}",
+        wall, iters = (statistics.median(r[i] for r in results) for i in (0, 1))
+        rows.append([name, round(iters), f"{wall:.1f}", f"{wall / reference:.0%}",
                      f"{statistics.median(loss for _, _, loss in results):.4f}",
                      ", ".join(f"{loss:.4f}" for _, _, loss in results)])
     print(f"### Speedrun: whole runs of train.py, wall time from launch to exit, {sizes['seeds']} seed(s)\n")
-    table(["recipe", "iters", "wall s (median)", "wall vs nanoGPT", "whole-val loss (median)", "per seed"], rows)
+    table(["recipe", "iters (median)", "wall s (median)", "wall vs nanoGPT", "whole-val loss (median)", "per seed"],
+          rows)
 
 
 def ablation_section(args, device, sizes):
