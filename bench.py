@@ -91,8 +91,8 @@ def table(header, rows):
 
 def train_section(args, device, sizes):
     gpt2_batch = 2 if args.quick else 8 if device.type == "cuda" else 1  # GPT-2 at a small batch on the CPU
-    cases = {"nanoGPT CPU recipe": config("experiment=nanogpt_cpu"), "speedrun_cpu": config("experiment=speedrun_cpu"),
-             "GPT-2 124M": config("model=gpt2", f"train.batch_size={gpt2_batch}")}
+    cases = {name: config(*overrides) for name, overrides in RECIPES.items()}
+    cases["GPT-2 124M"] = config("model=gpt2", f"train.batch_size={gpt2_batch}")
     steps = {}
     for name, cfg in cases.items():
         vocab = CHAR_VOCAB if cfg.data.tokenizer == "char" else cfg.model.vocab_size

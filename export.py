@@ -63,6 +63,9 @@ def from_hf(name_or_path) -> GPT:
     gpt2-xl) or a local directory written by save_pretrained."""
     transformers = import_transformers("init_from=gpt2")
     name = os.fspath(name_or_path)
+    if name.startswith(("/", ".", "~")) and not os.path.isdir(os.path.expanduser(name)):  # a path, not a Hub name
+        raise ValueError(f"{name!r} is not a directory; pass a folder written by save_pretrained, or a Hub name "
+                         f"such as gpt2")
     try:
         hf, info = transformers.GPT2LMHeadModel.from_pretrained(name, output_loading_info=True)
     except OSError as e:

@@ -1,4 +1,5 @@
 """Every preset in configs/ composes onto the typed schema and validates; mistakes fail at start-up."""
+import re
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,9 @@ def test_speed_experiments_compose_with_their_recipes():
     assert long.train.time_budget_s == 80 and long.train.max_iters > 1000  # the budget ends it, not the step count
     assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.train.muon_momentum,
             long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.train.muon_momentum, "full")
+
+
+def test_every_preset_the_readme_names_exists():
+    readme = (CONFIGS.parent / "README.md").read_text()
+    named = set(re.findall(r"\b(model|data|experiment|logger)=(\w+)", readme))
+    assert named and all((CONFIGS / group / f"{name}.yaml").exists() for group, name in named), sorted(named)

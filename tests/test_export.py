@@ -147,6 +147,8 @@ def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):
     message = str(err.value)
     assert "'gpt2'" in message and "offline" in message and "save_pretrained" in message
     assert "\n" not in message
+    with pytest.raises(ValueError, match="'./nowhere' is not a directory; pass a folder written by save_pretrained"):
+        from_hf("./nowhere")
 
 
 def test_train_and_sample_start_from_a_local_gpt2(tmp_path):
