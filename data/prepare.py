@@ -25,7 +25,7 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex, as get_encoding("gpt2") uses
 from tqdm import tqdm
 
-from config import DataConfig, run_cli
+from config import DataConfig, register_configs, run_cli
 
 CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2")
@@ -275,8 +275,6 @@ def _replace(path, write):
 def main():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
-    from config import register_configs
 
     register_configs()
     try:
