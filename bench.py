@@ -13,24 +13,24 @@ shared machine for a while slows both sides. Warm-up steps and start-up are not 
 ablation, which time whole runs from launch to exit. Tables print as Markdown.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from config import compose
+from decode import generate_stream
 from model import GPT, manual_attention
-from train import autocast_dtype, make_optimizer, peak_flops
+from runlog import read_metrics
+from runtime import alternate, autocast, autocast_dtype, configure, hardware_name, peak_flops, pick_device, sync
+from training import make_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent
 CHAR_VOCAB = 65  # tiny Shakespeare's characters
@@ -57,30 +57,6 @@ LEVERS = {"speedrun_cpu, every lever": [], "AdamW instead of Muon": ["train.opti
           "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"]}
 
 
-def config(*overrides):
-    """The Config that `python train.py OVERRIDES` would run."""
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "configs"), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def alternate(fns, rounds, device):
-    """Call each of fns once per round, in turn (A B A B ...); the median seconds per call of each."""
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def table(header, rows):
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join("---" for _ in header) + "|")
@@ -91,8 +67,8 @@ def table(header, rows):
 
 def train_section(args, device, sizes):
     gpt2_batch = 2 if args.quick else 8 if device.type == "cuda" else 1  # GPT-2 at a small batch on the CPU
-    cases = {name: config(*overrides) for name, overrides in RECIPES.items()}
-    cases["GPT-2 124M"] = config("model=gpt2", f"train.batch_size={gpt2_batch}")
+    cases = {name: compose(*overrides) for name, overrides in RECIPES.items()}
+    cases["GPT-2 124M"] = compose("model=gpt2", f"train.batch_size={gpt2_batch}")
     steps = {}
     for name, cfg in cases.items():
         vocab = CHAR_VOCAB if cfg.data.tokenizer == "char" else cfg.model.vocab_size
@@ -100,19 +76,13 @@ def train_section(args, device, sizes):
         cfg = replace(cfg, model=model_cfg)
         torch.manual_seed(0)
         model = GPT(model_cfg).to(device)
-        optimizer = make_optimizer(model, cfg, device)
+        optimizer = make_optimizer(model, cfg.train, device)
         dtype = autocast_dtype(device, cfg.train.dtype)
         compiled = torch.compile(model) if device.type == "cuda" else model
         x, y = torch.randint(0, vocab, (2, cfg.train.batch_size, model_cfg.block_size), device=device)
 
-        def step(model=model, compiled=compiled, optimizer=optimizer, dtype=dtype, x=x, y=y, clip=cfg.train.grad_clip):
-            with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
-                loss = compiled(x, y)[1]
-            loss.backward()
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        def step(compiled=compiled, optimizer=optimizer, dtype=dtype, x=x, y=y, clip=cfg.train.grad_clip):
+            train_step(compiled, optimizer, [(x, y)], grad_clip=clip, autocast=autocast(device, dtype))
 
         for _ in range(1 if args.quick else 3):  # warm-up (and compilation)
             step()
@@ -138,7 +108,7 @@ def train_section(args, device, sizes):
 def time_tokens(model, prompt, new_tokens, kv_cache, device, generator):
     """Seconds for each new token, from the prompt on."""
     times, last = [], time.perf_counter()
-    for _ in model.generate_stream(prompt, new_tokens, kv_cache=kv_cache, generator=generator):
+    for _ in generate_stream(model, prompt, new_tokens, kv_cache=kv_cache, generator=generator):
         sync(device)
         now = time.perf_counter()
         times.append(now - last)
@@ -157,7 +127,7 @@ def compare_cache(model, prompt, new_tokens, rounds, device):
 
 
 def sample_section(args, device, sizes):
-    recipe = config("experiment=nanogpt_cpu").model
+    recipe = compose("experiment=nanogpt_cpu").model
     n, w, rows = sizes["new_tokens"], sizes["window"], []
     for context in sizes["contexts"]:
         model = GPT(replace(recipe, vocab_size=CHAR_VOCAB, block_size=context)).to(device).eval()
@@ -223,7 +193,7 @@ def attention_section(args, device, sizes):
 
 
 def generate_section(args, device, sizes):
-    recipe = config("experiment=nanogpt_cpu").model
+    recipe = compose("experiment=nanogpt_cpu").model
     model = GPT(replace(recipe, vocab_size=CHAR_VOCAB, **sizes["gen"])).to(device).eval()
     prompt = torch.randint(0, CHAR_VOCAB, (1, sizes["gen_prompt"]), device=device)
     runs = compare_cache(model, prompt, sizes["gen_new"], sizes["gen_rounds"], device)
@@ -248,8 +218,7 @@ def train_run(overrides, seed, args, sizes):
         if result.returncode:
             last_line = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
             sys.exit(f"bench: `{' '.join(command[1:])}` failed: {last_line[0]}")
-        rows = map(json.loads, (Path(out_dir) / "run" / "metrics.jsonl").read_text().splitlines())
-        final = [r for r in rows if r["event"] == "eval"][-1]
+        final = read_metrics(Path(out_dir) / "run", "eval")[-1]
     return wall, final["iter"], final["val_loss"]
 
 
@@ -307,16 +276,17 @@ def main(argv=None):
         parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; use {', '.join(SECTIONS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
-    print(f"## attnlab bench: torch {torch.__version__}, {where}{', quick' if args.quick else ''}\n")
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    configure(device)
+    print(f"## attnlab bench{' (quick)' if args.quick else ''}: {hardware_name(device)}, torch {torch.__version__}\n")
     sizes = QUICK if args.quick else FULL
     for name in SECTIONS:
         if name in args.only.split(","):
             generating = device.type == "cuda" and name in ("sample", "generate")
-            with torch.autocast(device.type, dtype=torch.bfloat16) if generating else nullcontext():
+            with autocast(device, torch.bfloat16 if generating else None):
                 SECTIONS[name](args, device, sizes)
 
 

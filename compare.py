@@ -14,22 +14,25 @@ import csv
 import json
 import math
 import os
-import platform
 import shutil
+import subprocess
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from config import Config, DataConfig, LoggerConfig, ModelConfig, TrainConfig
-from data.prepare import load_meta, load_split, prepare
+from checkpoint import build_model, load_model
+from config import ModelConfig, TrainConfig, compose
+from data.corpus import load_meta, load_split, prepare
 from model import GPT, KVCache
-from rnn import RNN, RNNState
-from train import build_model, get_lr, load_checkpoint, make_optimizer, train
+from rnn import RNNState
+from runlog import read_metrics
+from runtime import hardware_name, pick_device, sync
+from training import get_lr, make_optimizer, set_lr, train_step
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -42,7 +45,10 @@ PRESETS = {  # what each experiment may spend; the quick one trades lr points an
                  induction_steps={"gpt": 1500, "lstm": 1500}, lm_seconds=300, throughput_tokens=16384, repeats=5),
 }
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
+ROOT = Path(__file__).resolve().parent
 LM_RUNS = Path("out/compare")  # experiment 6's training runs (git-ignored); the gradient paths reuse them
+LM_MODELS = {"gpt": [], "lstm": ["model=lstm"]}  # experiment 6's models as train.py overrides: the default GPT and
+# configs/model/lstm.yaml, which has the same parameter count
 
 
 @dataclass
@@ -66,26 +72,9 @@ class Context:
         plt.close(fig)
 
 
-def hardware_name(device):
-    if device.type == "cuda":
-        return f"GPU {torch.cuda.get_device_name(device)}"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor() or platform.machine()
-    return f"CPU {cpu} ({os.cpu_count()} cores), {torch.get_num_threads()} thread(s)"
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def lstm_preset(vocab_size, **overrides):
+def lstm_preset(vocab_size):
     """configs/model/lstm.yaml, the LSTM that matches the default GPT's parameter count."""
-    preset = OmegaConf.to_container(OmegaConf.load(Path(__file__).parent / "configs/model/lstm.yaml"))
-    return ModelConfig(**{**preset, "vocab_size": vocab_size, **overrides})
+    return replace(compose("model=lstm").model, vocab_size=vocab_size)
 
 
 def rnn_width(target, vocab_size, n_layer=2, gates=4, tied=False):
@@ -99,11 +88,9 @@ def synthetic_models(vocab_size, seq_len):
     """A 2-layer GPT and the 2-layer LSTM of the same size for the synthetic tasks. One head per layer and an
     untied head: in our runs the 4-head and tied variants sat on the chance plateau for over 1000 steps."""
     gpt = ModelConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_head=1, n_embd=64, tie_weights=False)
-    n = GPT(gpt).num_params()
-    width = rnn_width(n, vocab_size)
-    # n_head=1 and pos=none only keep GPTConfig's attention checks from rejecting an odd width
-    lstm = ModelConfig(type="lstm", vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_embd=width, n_head=1,
-                       pos="none", tie_weights=False)
+    width = rnn_width(build_model(gpt).num_params(), vocab_size)
+    lstm = ModelConfig(type="lstm", vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_embd=width,
+                       tie_weights=False)
     return {"gpt": gpt, "lstm": lstm}
 
 
@@ -151,13 +138,13 @@ def accuracy(model, x, y):
 
 
 def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.995, eval_every=50, seed=0):
-    """A short plain loop (train.py's AdamW and warmup + cosine schedule) on freshly drawn batches; make_batch(it,
-    generator) gives (x, y). Stops early once every eval set is at stop_at. Returns the model and the curve
-    [(step, {name: accuracy})]."""
+    """A short plain loop (train.py's AdamW, warmup + cosine schedule and gradient clipping) on freshly drawn
+    batches; make_batch(it, generator) gives (x, y). Stops early once every eval set is at stop_at. Returns the model
+    and the curve [(step, {name: accuracy})]."""
     torch.manual_seed(seed)
     model = build_model(model_cfg).to(device)
-    cfg = Config(train=TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=50))
-    optimizer = make_optimizer(model, cfg, device)
+    train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=50)
+    optimizer = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
     evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
     curve = []
@@ -166,14 +153,9 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
             curve.append((it, {name: accuracy(model, x, y) for name, (x, y) in evals.items()}))
             if it == steps or min(curve[-1][1].values()) >= stop_at:
                 break
-        for group in optimizer.param_groups:
-            group["lr"] = get_lr(it, cfg)
+        set_lr(optimizer, get_lr(it, train_cfg))
         x, y = make_batch(it, generator)
-        loss = model(x.to(device), y.to(device))[1]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        train_step(model, optimizer, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
     return model.eval(), curve
 
 
@@ -285,16 +267,13 @@ def gradient_paths(ctx):
     fig, ax = plt.subplots(figsize=(7, 4))
     ratios = {}
     for name in ("gpt", "lstm"):
-        ckpt = load_checkpoint(LM_RUNS / f"lm-{name}" / "best.pt")
-        cfg = ModelConfig(**ckpt["model_config"])
-        val = load_split(summary[name]["data_dir"], "val")
-        starts = torch.linspace(0, len(val) - cfg.block_size - 2, 32).long()
-        windows = torch.stack([torch.from_numpy(val[s:s + cfg.block_size + 1].astype("int64")) for s in starts])
-        for trained in (False, True):
-            torch.manual_seed(0)
-            model = build_model(cfg).eval()
-            if trained:
-                model.load_state_dict(ckpt["model"])
+        trained_model, _ = load_model(LM_RUNS / f"lm-{name}")
+        torch.manual_seed(0)
+        fresh_model = type(trained_model)(trained_model.config).eval()  # the same architecture, untrained
+        T, val = trained_model.config.block_size, load_split(summary[name]["data_dir"], "val")
+        starts = torch.linspace(0, len(val) - T - 2, 32).long()
+        windows = torch.stack([torch.from_numpy(val[s:s + T + 1].astype("int64")) for s in starts])
+        for trained, model in ((False, fresh_model), (True, trained_model)):
             embedding = model.transformer.wte if isinstance(model, GPT) else model.wte
             captured = []  # the embedding output: a forward hook returning None keeps it as it is
             hook = embedding.register_forward_hook(lambda m, i, out: captured.append(out) or out.retain_grad())
@@ -324,10 +303,7 @@ def exp_throughput(ctx):
     lengths, tokens = (64, 128, 256, 512, 1024), ctx.budget["throughput_tokens"]
 
     def step(name, x):
-        loss = models[name](x[:, :-1], x[:, 1:])[1]
-        optimizers[name].zero_grad(set_to_none=True)
-        loss.backward()
-        optimizers[name].step()
+        train_step(models[name], optimizers[name], [(x[:, :-1], x[:, 1:])])
 
     measured = {name: [] for name in models}
     for T in lengths:
@@ -502,7 +478,7 @@ def exp_generation(ctx):
     # a longer block_size adds RoPE table rows, not parameters
     gpt_cfg, lstm_cfg = ModelConfig(vocab_size=96, block_size=4096 + warmup + new_tokens), lstm_preset(96)
     torch.manual_seed(0)
-    models = {"gpt": GPT(gpt_cfg).to(ctx.device).eval(), "lstm": RNN(lstm_cfg).to(ctx.device).eval()}
+    models = {name: build_model(cfg).to(ctx.device).eval() for name, cfg in (("gpt", gpt_cfg), ("lstm", lstm_cfg))}
     latency, memory = {n: [] for n in models}, {n: [] for n in models}
     for k, T in enumerate(contexts[:1] + contexts):  # the first pass only warms up caches and kernels
         prompt = torch.randint(96, (1, T), generator=torch.Generator().manual_seed(T)).to(ctx.device)
@@ -549,30 +525,29 @@ def exp_generation(ctx):
 
 
 def exp_lm(ctx):
-    """Language modelling at equal parameters and equal wall-clock, trained by train.py itself."""
-    data = DataConfig(name="text", path=ctx.data_path) if ctx.data_path else DataConfig()
-    data_dir = prepare(data, 128)
+    """Language modelling at equal parameters and equal wall-clock, each model trained by `python train.py`."""
+    data = ["data=text", f"data.path={ctx.data_path}"] if ctx.data_path else []
+    runs = {name: compose(*overrides, *data) for name, overrides in LM_MODELS.items()}  # what train.py will run
+    data_dir = prepare(runs["gpt"].data, runs["gpt"].model.block_size)  # the models share the corpus
     vocab = load_meta(data_dir)["vocab_size"]
-    configs = {"gpt": ModelConfig(vocab_size=vocab), "lstm": lstm_preset(vocab)}
+    configs = {name: replace(cfg.model, vocab_size=vocab) for name, cfg in runs.items()}  # as train.py sizes them
     seconds, summary = ctx.budget["lm_seconds"], {}
     step_time = {name: time_train_step(cfg, ctx.device) for name, cfg in configs.items()}
     for name, model_cfg in configs.items():
         iters = max(20, int(seconds / step_time[name]))  # the iterations that fill the same wall-clock budget
         out = LM_RUNS / f"lm-{name}"
         shutil.rmtree(out, ignore_errors=True)  # compare.py owns these runs; train.py never overwrites
-        logger = LoggerConfig(log_interval=max(1, iters // 20))
-        cfg = Config(model=model_cfg, data=data, out_dir=str(out), logger=logger,
-                     train=TrainConfig(device=str(ctx.device), max_iters=iters, eval_interval=max(1, iters // 8),
-                                       eval_iters=10, warmup_iters=max(1, min(100, iters // 10))))
-        train(cfg)
-        evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        evals = [r for r in evals if r["event"] == "eval"]
+        train_run([*LM_MODELS[name], *data, f"train.device={ctx.device}", f"train.max_iters={iters}",
+                   f"train.eval_interval={max(1, iters // 8)}", "train.eval_iters=10",
+                   f"train.warmup_iters={max(1, min(100, iters // 10))}", f"logger.log_interval={max(1, iters // 20)}",
+                   f"out_dir={out}"])
+        evals = read_metrics(out, "eval")
         summary[name] = dict(iters=iters, data_dir=str(data_dir), params=build_model(model_cfg).num_params(),
                              seconds=[r["elapsed_s"] for r in evals], val_loss=[r["val_loss"] for r in evals])
     (LM_RUNS / "summary.json").write_text(json.dumps(summary))
     common = min(s["seconds"][-1] for s in summary.values())
     at_common = {n: interpolate(common, s["seconds"], s["val_loss"]) for n, s in summary.items()}
-    by_position = {name: loss_by_position(LM_RUNS / f"lm-{name}" / "best.pt", data_dir) for name in configs}
+    by_position = {name: loss_by_position(LM_RUNS / f"lm-{name}", data_dir) for name in configs}
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, color in (("gpt", "C0"), ("lstm", "C1")):
         a.plot(summary[name]["seconds"], summary[name]["val_loss"], "o-", color=color,
@@ -595,7 +570,16 @@ def exp_lm(ctx):
             f"{by_position['lstm'][:8].mean():.2f} / {by_position['lstm'][-8:].mean():.2f}", "best checkpoints")
 
 
+def train_run(overrides):
+    """`python train.py OVERRIDES` from this working directory (relative paths mean what they mean here), on this
+    process's torch threads; its progress and errors print as they come."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    if subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], env=env).returncode:
+        sys.exit(f"compare: `python train.py {' '.join(overrides)}` failed; its error is above")
+
+
 def time_train_step(model_cfg, device, batch_size=16):
+    """Seconds per training step of model_cfg at train.py's default batch size and clipping (median of 3)."""
     torch.manual_seed(0)
     model = build_model(model_cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -604,9 +588,7 @@ def time_train_step(model_cfg, device, batch_size=16):
     for _ in range(4):
         sync(device)
         t0 = time.perf_counter()
-        model(x[:, :-1], x[:, 1:])[1].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, [(x[:, :-1], x[:, 1:])], grad_clip=TrainConfig().grad_clip)
         sync(device)
         times.append(time.perf_counter() - t0)
     return sorted(times[1:])[1]
@@ -619,11 +601,9 @@ def interpolate(x, xs, ys):
 
 
 @torch.no_grad()
-def loss_by_position(path, data_dir, windows=512):
-    ckpt = load_checkpoint(path)
-    model = build_model(ModelConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    model.eval()
+def loss_by_position(out_dir, data_dir, windows=512):
+    """Validation loss at each position of the window, for the best checkpoint in out_dir."""
+    model, _ = load_model(out_dir)
     T, val = model.config.block_size, load_split(data_dir, "val")
     starts = torch.linspace(0, len(val) - T - 2, windows).long()
     batch = torch.stack([torch.from_numpy(val[s:s + T + 1].astype("int64")) for s in starts])  # (windows, T + 1)
@@ -678,7 +658,7 @@ def main():
     parser.add_argument("--only", help=f"comma-separated experiments out of: {', '.join(EXPERIMENTS)}")
     parser.add_argument("--data-path", help="a UTF-8 text file for the lm experiment (default: the stdlib corpus)")
     parser.add_argument("--out", default="reports/attention_vs_rnn", help="where figures and tables go")
-    parser.add_argument("--device", default="auto", help="auto (cuda if present) | cpu | cuda")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(EXPERIMENTS)
@@ -686,8 +666,10 @@ def main():
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(EXPERIMENTS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
     preset = "full" if args.full else "quick"
     ctx = Context(preset, PRESETS[preset], device, Path(args.out), args.data_path, hardware_name(device))
     ctx.out.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,45 @@
-"""The typed configuration schema: every default lives here, once.
+"""The typed configuration schema: every default lives here once (the model's shape in model.py's GPTConfig,
+which ModelConfig extends, since model.py stays free of any config framework).
 
 Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
-value of the wrong type fails at start-up, in one line (`run_cli`). `train.py` and `sample.py` receive plain
-dataclasses.
+value of the wrong type fails at start-up, in one line (`run_cli`); each dataclass checks its own values in
+`__post_init__`. `train.py` and `sample.py` receive plain dataclasses; `compose(...)` gives the same ones to
+scripts and tests.
 """
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model import GPTConfig
+from decode import check_sampling
+from model import GPTConfig, require
+from rnn import RNNConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+MODEL_TYPES = ("gpt", "lstm", "gru")
+CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
+TOKENIZERS = ("char", "gpt2")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
 class ModelConfig(GPTConfig):
     type: str = "gpt"  # gpt (model.py) | lstm | gru (rnn.py: n_layer layers of width n_embd; attention fields unused)
+
+    def __post_init__(self):
+        require(self.type in MODEL_TYPES, f"model.type={self.type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")
+        self.architecture()  # the chosen model validates the fields it reads, and only those
+
+    def architecture(self) -> GPTConfig | RNNConfig:
+        """The chosen model's own config, from the fields that model reads."""
+        cls = GPTConfig if self.type == "gpt" else RNNConfig
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -31,13 +52,31 @@ class DataConfig:
     val_fraction: float = 0.1  # the last 10% of the token stream is the validation split
     dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>-<source hash>/
 
+    def __post_init__(self):
+        require(self.name in CORPORA, f"data.name={self.name!r} is unknown; use one of {', '.join(CORPORA)}")
+        require(self.tokenizer in TOKENIZERS,
+                f"data.tokenizer={self.tokenizer!r} is unknown; use one of {', '.join(TOKENIZERS)}")
+        require(0 < self.val_fraction < 1, f"data.val_fraction={self.val_fraction} must be between 0 and 1, e.g. 0.1")
+        require(self.name != "stdlib" or not (self.path or self.url),
+                "data=stdlib reads the Python standard library, not data.path or data.url; add data=text to train "
+                "on your own text")
+
 
 @dataclass
-class TrainConfig:
+class RuntimeConfig:
+    """Where and how the arithmetic runs, for training and sampling alike."""
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
     dtype: str = "auto"  # auto (bf16 autocast on CUDA where supported, else fp32) | float32 | bfloat16 | float16
+    # training: initial weights and dropout (each micro-batch is drawn from seed, step and micro-step); sampling: draws
+    seed: int = 1337
+
+    def __post_init__(self):
+        require(self.dtype in DTYPES, f"dtype={self.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class TrainConfig(RuntimeConfig):
     compile: bool = False  # torch.compile the model (pays off on long GPU runs)
-    seed: int = 1337  # model init; data sampling uses seed + rank
     batch_size: int = 16  # sequences per micro-batch, per process
     tokens_per_step: int = 0  # tokens per optimizer step across processes; 0 means one micro-batch each
     max_iters: int = 1000  # optimizer steps
@@ -61,14 +100,14 @@ class TrainConfig:
     final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
 
     def __post_init__(self):
+        super().__post_init__()
         for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate"):
-            if getattr(self, name) <= 0:
+            if not getattr(self, name) > 0:  # written so that nan fails too
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
-            if getattr(self, name) < 0:
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
-        choices = dict(dtype=("auto", "float32", "bfloat16", "float16"), optimizer=("adamw", "muon"),
-                       final_eval=("estimate", "full"))
+        choices = dict(optimizer=("adamw", "muon"), final_eval=("estimate", "full"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
@@ -99,7 +138,7 @@ class Config:
 
 
 @dataclass
-class SampleConfig:
+class SampleConfig(RuntimeConfig):
     out_dir: str = "out"  # the training run to sample from
     checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
     prompt: str = "\n"  # text to continue
@@ -110,18 +149,29 @@ class SampleConfig:
     temperature: float = 0.8  # 0 is greedy; higher is more random
     top_k: int | None = 200  # keep the k likeliest tokens; None keeps all
     top_p: float | None = None  # keep the smallest set holding this much probability; None keeps all
-    seed: int = 1337
     kv_cache: bool = True  # reuse past keys and values instead of recomputing the context each token
-    device: str = "auto"
-    dtype: str = "auto"
     init_from: str | None = None  # sample published GPT-2 instead of a run: gpt2 | ... | a save_pretrained dir
     bpe_file: str | None = None  # with init_from: a local gpt2.tiktoken file, for the tokenizer offline
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.num_samples >= 1, f"num_samples={self.num_samples} must be >= 1")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
 
 
 def register_configs():
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="sample_schema", node=SampleConfig)
+
+
+def compose(*overrides, config_name="config"):
+    """The dataclass that `python train.py OVERRIDES` runs (config_name="sample": sample.py's), without Hydra's
+    run directory or logging: for scripts and tests."""
+    register_configs()
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return OmegaConf.to_object(hydra.compose(config_name=config_name, overrides=list(overrides)))
 
 
 def run_cli(hydra_main, help_script=None):

@@ -1,7 +1,9 @@
 """A compact causal transformer (GPT) with RoPE, grouped-query attention, padding masks and a KV cache.
 
-Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions,
-attention, MLP, block, the model, then generation. `train.py` trains it; `sample.py` samples from it.
+Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions, the cache,
+attention, MLP, block, the model. The language-model interface it shares with rnn.py: forward(idx, targets,
+attention_mask, cache, last_logits_only) -> (logits, loss), new_cache, context_window, num_params,
+flops_per_token. `train.py` trains it; decode.py generates from it (`sample.py` on the command line).
 """
 import math
 from dataclasses import dataclass
@@ -30,28 +32,24 @@ class GPTConfig:
     qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
 
     def __post_init__(self):
-        checks = [
-            (self.vocab_size > 0, f"vocab_size={self.vocab_size} must be positive"),
-            (self.block_size > 0, f"block_size={self.block_size} must be positive"),
-            (self.n_layer > 0, f"n_layer={self.n_layer} must be positive"),
-            (self.n_head > 0, f"n_head={self.n_head} must be positive"),
-            (self.n_embd % self.n_head == 0,
-             f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd a multiple of n_head"),
-            (self.kv_heads > 0 and self.n_head % self.kv_heads == 0,
-             f"n_head={self.n_head} is not a multiple of n_kv_head={self.kv_heads}; pick n_kv_head dividing n_head"),
-            (self.pos in ("rope", "learned", "sinusoidal", "none"),
-             f"pos={self.pos!r} is unknown; use rope, learned, sinusoidal or none"),
-            (self.pos != "rope" or self.head_size % 2 == 0,
-             f"RoPE needs an even head size, got n_embd/n_head={self.head_size}; change n_embd or n_head"),
-            (self.pos != "sinusoidal" or self.n_embd % 2 == 0, f"sinusoidal positions need an even n_embd"),
-            (self.attn in ("sdpa", "manual"), f"attn={self.attn!r} is unknown; use sdpa or manual"),
-            (self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r} is unknown; use layernorm or rmsnorm"),
-            (self.mlp in ("gelu", "relu2"), f"mlp={self.mlp!r} is unknown; use gelu or relu2"),
-            (0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        # checked in order, each message built only once the checks before it hold: n_embd // n_head needs n_head > 0
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            require(getattr(self, name) > 0, f"{name}={getattr(self, name)} must be positive")
+        require(self.n_kv_head is None or self.n_kv_head > 0, f"n_kv_head={self.n_kv_head} must be positive or None")
+        require(self.n_embd % self.n_head == 0,
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd a multiple of n_head")
+        require(self.n_head % self.kv_heads == 0,
+                f"n_head={self.n_head} is not a multiple of n_kv_head={self.kv_heads}; pick n_kv_head dividing n_head")
+        require(self.pos in ("rope", "learned", "sinusoidal", "none"),
+                f"pos={self.pos!r} is unknown; use rope, learned, sinusoidal or none")
+        require(self.pos != "rope" or self.head_size % 2 == 0,
+                f"RoPE needs an even head size, got n_embd/n_head={self.head_size}; change n_embd or n_head")
+        require(self.pos != "sinusoidal" or self.n_embd % 2 == 0, "sinusoidal positions need an even n_embd")
+        require(self.attn in ("sdpa", "manual"), f"attn={self.attn!r} is unknown; use sdpa or manual")
+        require(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r} is unknown; use layernorm or rmsnorm")
+        require(self.mlp in ("gelu", "relu2"), f"mlp={self.mlp!r} is unknown; use gelu or relu2")
+        require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
+        require(self.rope_base > 0, f"rope_base={self.rope_base} must be positive")
 
     @property
     def kv_heads(self):
@@ -60,6 +58,19 @@ class GPTConfig:
     @property
     def head_size(self):
         return self.n_embd // self.n_head
+
+
+def require(ok, message):
+    """A config check: ValueError(message) unless ok. The message names the fix."""
+    if not ok:
+        raise ValueError(message)
+
+
+def lm_loss(logits, targets, attention_mask=None):
+    """Mean cross-entropy over real target positions (-1 and padded positions are ignored), computed in fp32."""
+    if attention_mask is not None:
+        targets = targets.masked_fill(~attention_mask.bool(), -1)
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
 def make_norm(config, dim):
@@ -246,6 +257,15 @@ class GPT(nn.Module):
         n = self.num_params(embeddings=False) + self.lm_head.weight.numel()
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
 
+    @property
+    def context_window(self):
+        """The most tokens one forward pass reads: decoding slides its window within this."""
+        return self.config.block_size
+
+    def new_cache(self, batch_size, device, dtype):
+        """An empty KV cache for batch_size sequences of up to context_window tokens."""
+        return KVCache(self.config, batch_size, self.config.block_size, device, dtype)
+
     def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False,
                 return_weights=False):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
@@ -287,11 +307,7 @@ class GPT(nn.Module):
         if last_logits_only:
             x = x[:, -1:]
         logits = self.lm_head(x)
-        loss = None
-        if targets is not None:
-            if attention_mask is not None:
-                targets = targets.masked_fill(~attention_mask.bool(), -1)
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        loss = None if targets is None else lm_loss(logits, targets, attention_mask)
         if return_weights:
             return logits, loss, all_weights
         return logits, loss
@@ -300,82 +316,3 @@ class GPT(nn.Module):
     def attention_maps(self, idx, attention_mask=None):
         """Each layer's attention weights (B, n_head, T, T), computed by the plain reference path."""
         return self(idx, attention_mask=attention_mask, return_weights=True)[2]
-
-    @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_tokens=None,
-                        generator=None, attention_mask=None, kv_cache=True):
-        """Yield the next token (B,) for max_new_tokens steps after the prompts idx (B, T), left-padded
-        where attention_mask (B, T) is False. temperature=0 is greedy. A sequence that emitted one of
-        stop_tokens repeats it until every sequence has stopped.
-
-        The cache holds block_size tokens. When it is full we keep the last block_size // 2 tokens and
-        rebuild the cache from them with one forward pass, so each token costs O(T) and the context never
-        exceeds what the model was trained on. Without the cache, every step recomputes the last block_size
-        tokens (nanoGPT's way), which sees up to block_size - 1 earlier tokens instead."""
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
-        (B, T), block = idx.shape, self.config.block_size
-        # the prompts and every new token in one buffer written in place, rather than a concatenation per token
-        tokens = torch.cat([idx, idx.new_zeros(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
-        mask = None
-        if attention_mask is not None:
-            mask = torch.cat([attention_mask.bool(), attention_mask.new_ones(B, max_new_tokens, dtype=torch.bool)], 1)
-        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        stops = torch.tensor(sorted(stop_tokens or []), dtype=torch.long, device=idx.device)
-        cache = None
-        dtype = (torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type)
-                 else self.lm_head.weight.dtype)
-        for end in range(T, T + max_new_tokens):  # tokens[:, :end] are known, tokens[:, end] is next
-            if not kv_cache:
-                start = max(0, end - block)
-                logits, _ = self(tokens[:, start:end], attention_mask=None if mask is None else mask[:, start:end],
-                                 last_logits_only=True)
-            elif cache is None or cache.length == block:
-                start = max(0, end - (block if cache is None else block // 2))
-                cache = cache or KVCache(self.config, B, block, idx.device, dtype)
-                cache.clear()
-                logits, _ = self(tokens[:, start:end], attention_mask=None if mask is None else mask[:, start:end],
-                                 cache=cache, last_logits_only=True)
-            else:
-                logits, _ = self(tokens[:, end - 1:end], cache=cache, last_logits_only=True)
-            next_token = sample_token(logits[:, -1].float(), temperature, top_k, top_p, generator)  # (B,)
-            if stops.numel():
-                next_token = torch.where(done, tokens[:, end - 1], next_token)
-                done |= torch.isin(next_token, stops)
-            tokens[:, end] = next_token
-            yield next_token
-            if stops.numel() and done.all():
-                return
-
-    def generate(self, idx, max_new_tokens, **kwargs):
-        """The prompts idx (B, T) followed by up to max_new_tokens tokens; arguments as generate_stream."""
-        new = list(self.generate_stream(idx, max_new_tokens, **kwargs))
-        return torch.cat([idx] + [t[:, None] for t in new], dim=1)
-
-
-def check_sampling(max_new_tokens, temperature, top_k, top_p):
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1, or unset to keep every token")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]; 1 keeps every token")
-
-
-def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
-    """One token per row of logits (B, vocab): greedy at temperature 0, else from the top-k / nucleus."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # drop a token when the tokens before it already hold top_p of the mass (the first always stays)
-        drop = probs.cumsum(dim=-1) - probs > top_p
-        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]

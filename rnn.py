@@ -1,16 +1,35 @@
 """Recurrent language models (LSTM, GRU) with GPT's interface: the baseline that attention replaced.
 
 Pure PyTorch: token embedding -> n_layer LSTM or GRU layers of width n_embd -> linear head. train.py trains it
-(model=lstm, model=gru) and sample.py samples from it like a GPT. Where GPT keeps a KV cache that grows with the
-context, an RNN carries a fixed-size state: O(1) memory and time per generated token, but T sequential steps to
-read T tokens (compare.py measures both sides).
+(model=lstm, model=gru) and decode.py generates from it like a GPT (model.py's docstring lists the interface).
+Where GPT keeps a KV cache that grows with the context, an RNN carries a fixed-size state: O(1) memory and time per
+generated token, but T sequential steps to read T tokens (compare.py measures both sides).
 """
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from model import GPT, check_sampling, sample_token
+from model import lm_loss, require
+
+
+@dataclass
+class RNNConfig:
+    """The fields an RNN reads; config.ModelConfig holds their defaults and configs/model/lstm.yaml a preset."""
+    type: str  # lstm | gru
+    vocab_size: int  # tokens in the vocabulary (set from the prepared corpus)
+    block_size: int  # training window in tokens (truncated backpropagation through time)
+    n_layer: int  # stacked recurrent layers
+    n_embd: int  # embedding and state width
+    dropout: float  # between layers and before the head
+    tie_weights: bool  # share the token embedding with the output head
+
+    def __post_init__(self):
+        require(self.type in ("lstm", "gru"), f"type={self.type!r} is not a recurrent model; use lstm or gru")
+        for name in ("vocab_size", "block_size", "n_layer", "n_embd"):
+            require(getattr(self, name) > 0, f"{name}={getattr(self, name)} must be positive")
+        require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
 
 
 class RNNState:
@@ -18,6 +37,9 @@ class RNNState:
     its size does not depend on how many tokens it has read."""
 
     def __init__(self):
+        self.clear()
+
+    def clear(self):
         self.value = None  # None until the first token: PyTorch then starts from zeros
         self.length = 0  # tokens read so far
 
@@ -28,10 +50,8 @@ class RNNState:
 
 
 class RNN(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config: RNNConfig):
         super().__init__()
-        if config.type not in ("lstm", "gru"):
-            raise ValueError(f"RNN type={config.type!r} is unknown; use lstm or gru")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
@@ -60,6 +80,16 @@ class RNN(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n if embeddings else n - self.wte.weight.numel()
 
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward): 6N over the matmuls' weights, the head included and the
+        embedding lookup not; unlike attention's, the recurrence's cost does not grow with seq_len."""
+        return 6 * (self.num_params(embeddings=False) + self.lm_head.weight.numel())
+
+    context_window = None  # no limit: the state carries any length of context
+
+    def new_cache(self, batch_size, device, dtype):
+        return RNNState()
+
     def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache an RNNState to
         continue from and update. Returns logits (B, T, vocab) and the mean loss over real target positions."""
@@ -76,12 +106,7 @@ class RNN(nn.Module):
         if last_logits_only:
             y = y[:, -1:]
         logits = self.lm_head(self.drop(y))
-        loss = None
-        if targets is not None:
-            if attention_mask is not None:
-                targets = targets.masked_fill(~attention_mask.bool(), -1)
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        return logits, None if targets is None else lm_loss(logits, targets, attention_mask)
 
     def _step(self, x, state):
         """One token x (B, C) through every layer with the single-step cell kernels. On CPU the fused nn.LSTM repacks
@@ -117,32 +142,3 @@ class RNN(nn.Module):
         y = pad_packed_sequence(y, batch_first=True, total_length=T)[0]  # (B, T, C), real tokens first
         to_right = ((positions[None] - shift) % T)[..., None].expand(B, T, C)
         return y.gather(1, to_right), state
-
-    @torch.no_grad()
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_tokens=None,
-                        generator=None, attention_mask=None, kv_cache=True):
-        """As GPT.generate_stream. With kv_cache the recurrent state is carried from token to token: O(1) time and
-        memory per token and no context limit. Without it every step re-reads the whole sequence from a zero state
-        (O(T) per token); that gives the same tokens, and is there to check it."""
-        check_sampling(max_new_tokens, temperature, top_k, top_p)
-        B = idx.size(0)
-        mask = None if attention_mask is None else attention_mask.bool()
-        done = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        stops = torch.tensor(sorted(stop_tokens or []), dtype=torch.long, device=idx.device)
-        cache = RNNState() if kv_cache else None
-        for _ in range(max_new_tokens):
-            whole = cache is None or cache.length == 0  # read the prompt (or everything, without a cache)
-            logits, _ = self(idx if whole else idx[:, -1:], attention_mask=mask if whole else None, cache=cache,
-                             last_logits_only=True)
-            next_token = sample_token(logits[:, -1].float(), temperature, top_k, top_p, generator)  # (B,)
-            if stops.numel():
-                next_token = torch.where(done, idx[:, -1], next_token)
-                done |= torch.isin(next_token, stops)
-            idx = torch.cat([idx, next_token[:, None]], dim=1)
-            if mask is not None:
-                mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-            yield next_token
-            if stops.numel() and done.all():
-                return
-
-    generate = GPT.generate  # the same collector over generate_stream

@@ -7,44 +7,32 @@
     python sample.py init_from=gpt2 prompt="Hello, I'm a language model,"  # published GPT-2 (transformers)
 """
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import OmegaConf
 
-from config import ModelConfig, SampleConfig, register_configs, run_cli
-from data.prepare import GPT2Tokenizer, load_tokenizer
-from model import check_sampling
-from train import autocast_dtype, build_model, load_checkpoint, pick_device
+from checkpoint import load_model
+from config import SampleConfig, register_configs, run_cli
+from data.tokenizers import GPT2Tokenizer, load_tokenizer
+from decode import generate_stream
+from hf import from_hf
+from runtime import autocast, autocast_dtype, pick_device
 
 register_configs()
 
 
-def load_model(out_dir, which, device):
-    if which not in ("best", "latest"):
-        raise ValueError(f"checkpoint={which!r} is unknown; use best or latest")
-    out_dir = Path(out_dir)
-    candidates = [out_dir / "best.pt", out_dir / "ckpt.pt"] if which == "best" else [out_dir / "ckpt.pt"]
-    path = next((p for p in candidates if p.exists()), None)
-    if path is None:
-        raise FileNotFoundError(f"no checkpoint in {out_dir}; train one with: python train.py out_dir={out_dir}")
-    ckpt = load_checkpoint(path)
-    model = build_model(ModelConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), load_tokenizer(ckpt["meta"])
-
-
-def encode_prompts(prompts, tokenizer, block_size, device):
-    """Token ids (B, T), left-padded, and the mask of real tokens (or None when all have one length)."""
+def encode_prompts(prompts, tokenizer, context_window, device):
+    """Token ids (B, T), left-padded, and the mask of real tokens (or None when all have one length). A prompt may
+    fill the model's context window (None: no limit)."""
     encoded = [tokenizer.encode(p) for p in prompts]
     for p, ids in zip(prompts, encoded):
         if not ids:
             raise ValueError("the prompt is empty; pass prompt=TEXT (a newline is a good neutral start)")
-        if len(ids) > block_size:
+        if context_window is not None and len(ids) > context_window:
             raise ValueError(f"prompt {p[:20]!r}... is {len(ids)} tokens, longer than the model's block_size="
-                             f"{block_size}; shorten it")
+                             f"{context_window}; shorten it")
     width = max(len(ids) for ids in encoded)
     idx = torch.tensor([[0] * (width - len(ids)) + ids for ids in encoded], device=device)
     mask = torch.tensor([[False] * (width - len(ids)) + [True] * len(ids) for ids in encoded], device=device)
@@ -52,17 +40,14 @@ def encode_prompts(prompts, tokenizer, block_size, device):
 
 
 def sample(cfg: SampleConfig, out=sys.stdout):
-    """Generate as cfg says; streams a single sample to `out`, prints a batch as each finishes. Returns texts."""
-    check_sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
-    if cfg.num_samples < 1:
-        raise ValueError(f"num_samples={cfg.num_samples} must be >= 1")
+    """Generate as cfg says; streams a single sample to `out`, prints a batch once all finish. Returns texts."""
     device = pick_device(cfg.device)
     dtype = autocast_dtype(device, cfg.dtype)
     if cfg.init_from:
-        from export import from_hf
         model, tokenizer = from_hf(cfg.init_from).to(device), GPT2Tokenizer(cfg.bpe_file)
     else:
-        model, tokenizer = load_model(cfg.out_dir, cfg.checkpoint, device)
+        model, meta = load_model(cfg.out_dir, cfg.checkpoint, device)
+        tokenizer = load_tokenizer(meta)
     if cfg.prompt_file:
         if not Path(cfg.prompt_file).is_file():
             raise FileNotFoundError(f"prompt_file={cfg.prompt_file} does not exist; pass an existing text file")
@@ -70,17 +55,17 @@ def sample(cfg: SampleConfig, out=sys.stdout):
     else:
         prompts = cfg.prompts or [cfg.prompt]
     prompts = [p for p in prompts for _ in range(cfg.num_samples)]
-    idx, mask = encode_prompts(prompts, tokenizer, model.config.block_size, device)
+    idx, mask = encode_prompts(prompts, tokenizer, model.context_window, device)
     torch.manual_seed(cfg.seed)
     generator = torch.Generator(device).manual_seed(cfg.seed)
     stop = getattr(tokenizer, "eot_token", None)
-    stream = model.generate_stream(idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                                   top_p=cfg.top_p, stop_tokens=[stop] if stop is not None else None,
-                                   generator=generator, attention_mask=mask, kv_cache=cfg.kv_cache)
+    stream = generate_stream(model, idx, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                             top_p=cfg.top_p, stop_tokens=[stop] if stop is not None else None,
+                             generator=generator, attention_mask=mask, kv_cache=cfg.kv_cache)
     new_tokens, shown = [], 0
     if len(prompts) == 1:
         out.write(prompts[0])
-    with torch.autocast(device.type, dtype=dtype) if dtype else nullcontext():
+    with autocast(device, dtype):
         for token in stream:
             new_tokens.append(token.tolist())
             if len(prompts) == 1:  # stream; hold back a partly decoded multi-byte character

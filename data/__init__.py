@@ -1,1 +1,2 @@
-"""Corpora and tokenizers: `data/prepare.py` tokenizes a corpus into train.bin, val.bin and meta.json."""
+"""Corpora and tokenizers: `data/corpus.py` tokenizes a corpus into train.bin, val.bin and meta.json
+(`python -m data.prepare` does it ahead of training); `data/tokenizers.py` holds the tokenizers."""

@@ -1,112 +1,29 @@
-"""Prepare a corpus once: tokenize it into a folder holding train.bin, val.bin (token ids) and meta.json.
+"""Corpora: tokenize one once into a folder holding train.bin, val.bin (token ids) and meta.json, and read it back.
 
 Corpora (presets in configs/data/): stdlib, the running Python's standard library source (no network; the default);
 shakespeare_char and shakespeare, tiny Shakespeare with characters or GPT-2 BPE tokens; text, your own UTF-8 file
-or folder of .txt/.md files. train.py calls prepare() itself; to prepare ahead of training, run
-
-    python -m data.prepare data=shakespeare_char
-    python -m data.prepare data=text data.path=notes/
-
+or folder of .txt/.md files. train.py calls prepare() itself; `python -m data.prepare` prepares ahead of training.
 A folder is reused until its source changes (size or modification time of a file, the URL, the Python install).
 """
-import base64
 import hashlib
 import json
 import os
 import platform
 import re
-import sys
 import sysconfig
 import urllib.request
 from pathlib import Path
 
 import numpy as np
-import tiktoken
-from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex, as get_encoding("gpt2") uses
 from tqdm import tqdm
 
-from config import DataConfig, register_configs, run_cli
+from config import DataConfig
+from data.tokenizers import CharTokenizer, GPT2Tokenizer
 
-CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
-TOKENIZERS = ("char", "gpt2")
 TEXT_SUFFIXES = (".txt", ".md")
 STDLIB_BYTES = 3_500_000  # enough for ~5 minutes of char-level training on 2 CPU cores without much overfitting
 DOWNLOAD_TIMEOUT_S = 30
 PIECE_CHARS = 1 << 20  # tokenize this many characters at a time, so large corpora get a progress bar
-
-
-class CharTokenizer:
-    """One token per character; the vocabulary is the sorted set of characters in the corpus."""
-
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
-        self.vocab_size = len(self.chars)
-
-    def encode(self, text):
-        try:
-            return [self.stoi[c] for c in text]
-        except KeyError:
-            missing = ", ".join(repr(c) for c in sorted(set(text) - self.stoi.keys()))
-            raise ValueError(f"prompt has characters the model's vocabulary lacks: {missing}; remove them or train "
-                             f"on a corpus that has them") from None
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-
-    def spec(self):
-        return {"type": "char", "chars": self.chars}
-
-
-class GPT2Tokenizer:
-    """GPT-2's byte-level BPE through tiktoken, from a local ranks file or tiktoken's own download."""
-
-    def __init__(self, bpe_file=None):
-        self.bpe_file = str(Path(bpe_file).resolve()) if bpe_file else None
-        if self.bpe_file:
-            if not Path(self.bpe_file).is_file():
-                raise FileNotFoundError(f"data.bpe_file={bpe_file} does not exist; pass the path to a gpt2.tiktoken "
-                                        f"ranks file")
-            self.enc = tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=_load_ranks(self.bpe_file),
-                                         special_tokens={"<|endoftext|>": 50256})
-        else:
-            try:
-                self.enc = tiktoken.get_encoding("gpt2")
-            except Exception as e:  # offline, tiktoken fails inside requests with errors of its own
-                raise ValueError(f"could not load the gpt2 tokenizer ({type(e).__name__}); pass data.bpe_file=PATH to "
-                                 f"a gpt2.tiktoken file") from None
-        self.vocab_size = self.enc.n_vocab
-        self.eot_token = self.enc.eot_token  # sample.py stops a sample here
-
-    def encode(self, text):
-        return self.enc.encode_ordinary(text)  # "<|endoftext|>" in a text is plain text, not the special token
-
-    def decode(self, ids):
-        return self.enc.decode([int(i) for i in ids])
-
-    def spec(self):
-        return {"type": "gpt2", "bpe_file": self.bpe_file}
-
-
-def _load_ranks(path):
-    """A .tiktoken file: one base64-encoded token and its merge rank per line."""
-    # Not tiktoken.load.load_tiktoken_bpe: it copies a local file into a cache keyed by the path alone and keeps
-    # returning that copy after the file changes.
-    try:
-        return {base64.b64decode(token): int(rank)
-                for token, rank in (line.split() for line in Path(path).read_bytes().splitlines() if line)}
-    except ValueError as e:
-        raise ValueError(f"data.bpe_file={path} is not a .tiktoken ranks file ({e}); pass a gpt2.tiktoken "
-                         f"file") from None
-
-
-def load_tokenizer(meta: dict):
-    spec = meta["tokenizer"]
-    if spec["type"] == "char":
-        return CharTokenizer(spec["chars"])
-    if spec["type"] == "gpt2":
-        return GPT2Tokenizer(spec["bpe_file"])
-    raise ValueError(f"tokenizer {spec['type']!r} is unknown; use one of {', '.join(TOKENIZERS)}")
 
 
 def load_meta(folder) -> dict:
@@ -139,16 +56,7 @@ def prepare(cfg: DataConfig, block_size: int) -> Path:
 
 def _locate(cfg):
     """The source's identity (a resolved path, a URL or the stdlib folder) and its local files (None for a URL)."""
-    if cfg.name not in CORPORA:
-        raise ValueError(f"data.name={cfg.name!r} is unknown; use one of {', '.join(CORPORA)}")
-    if cfg.tokenizer not in TOKENIZERS:
-        raise ValueError(f"data.tokenizer={cfg.tokenizer!r} is unknown; use one of {', '.join(TOKENIZERS)}")
-    if not 0 < cfg.val_fraction < 1:
-        raise ValueError(f"data.val_fraction={cfg.val_fraction} must be between 0 and 1, e.g. 0.1")
     if cfg.name == "stdlib":
-        if cfg.path or cfg.url:
-            raise ValueError("data=stdlib reads the Python standard library, not data.path or data.url; "
-                             "add data=text to train on your own text")
         root = Path(sysconfig.get_paths()["stdlib"])
         # Top-level modules read like ordinary Python; _sysconfigdata* is machine-specific, this.py is rot13.
         files = [p for p in sorted(root.glob("*.py"))
@@ -270,24 +178,3 @@ def _replace(path, write):
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     write(tmp)
     os.replace(tmp, path)
-
-
-def main():
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    register_configs()
-    try:
-        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-            cfg = OmegaConf.to_object(compose(config_name="config", overrides=sys.argv[1:]))
-        folder = prepare(cfg.data, cfg.model.block_size)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    meta = load_meta(folder)
-    print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens, "
-          f"vocab_size={meta['vocab_size']}")
-
-
-if __name__ == "__main__":
-    run_cli(main, help_script="train.py")  # the same config as train.py's

@@ -8,21 +8,16 @@ train() sets up and tears down the process group itself, as it does for the CLI;
 import hashlib
 import os
 import sys
-from pathlib import Path
-
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import train as train_module
+from config import compose
 
 
 def main():
-    models = []
+    models = []  # the model train() builds, kept to hash it once training is done
     build_model = train_module.build_model
     train_module.build_model = lambda model_cfg: models.append(build_model(model_cfg)) or models[-1]
-    with initialize_config_dir(config_dir=str(Path(train_module.__file__).parent / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_object(compose(config_name="config", overrides=sys.argv[1:]))
-    train_module.train(cfg)
+    train_module.train(compose(*sys.argv[1:]))
     weights = b"".join(p.detach().numpy().tobytes() for p in models[0].parameters())
     print(f"rank {os.environ['RANK']} parameter sha256: {hashlib.sha256(weights).hexdigest()}", flush=True)
 

@@ -1,12 +1,17 @@
 """bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
 import pytest
+import torch
 
 import bench
+from conftest import words_corpus
+from runtime import hardware_name
 
 
 def test_quick_bench_prints_every_default_section(capsys):
     bench.main(["--quick"])
     out = capsys.readouterr().out
+    machine = hardware_name(torch.device("cpu"))
+    assert out.splitlines()[0] == f"## attnlab bench (quick): {machine}, torch {torch.__version__}"
     for title in ("Training throughput", "Sampling", "Causal attention", "Generation"):
         assert f"### {title}" in out
     assert "### Speedrun" not in out and "### Ablation" not in out  # whole runs only when asked for
@@ -17,8 +22,7 @@ def test_quick_bench_prints_every_default_section(capsys):
 
 @pytest.mark.slow
 def test_quick_speedrun_and_ablation_run_every_recipe_and_lever(tmp_path, monkeypatch, capsys):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("To be, or not to be, that is the question.\n" * 40)
+    corpus = words_corpus(tmp_path / "corpus.txt", n_words=500)
     monkeypatch.setitem(bench.QUICK, "run", [*bench.QUICK["run"], f"data.dir={tmp_path / 'prepared'}"])
     bench.main(["--quick", "--only", "speedrun,ablation", "--data-path", str(corpus)])
     out = capsys.readouterr().out

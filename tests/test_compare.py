@@ -1,15 +1,22 @@
 """compare.py's measuring tools: the synthetic tasks, equal sizes, the counts behind Table 1, the KV cache's bytes,
-and one short seeded run where the GPT learns recall (so the demonstration cannot rot). No wall-clock asserts."""
+one short seeded run where the GPT learns recall (so the demonstration cannot rot), and the language-model
+experiment end to end on tiny models (train.py runs, then the plots read their checkpoints). No wall-clock asserts."""
+import json
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import compare
+from checkpoint import build_model
 from compare import (autograd_depth, induction_batch, max_hops, recall_batch, rnn_width, synthetic_models,
                      train_synthetic)
+from conftest import words_corpus
+from runlog import read_metrics
 from config import ModelConfig
 from model import GPT, KVCache
-from rnn import RNN
 
 
 @settings(max_examples=25, deadline=None)
@@ -47,15 +54,14 @@ def test_induction_targets_are_the_next_token_of_the_repeat(seed):
 
 def test_synthetic_models_have_equal_size():
     configs = synthetic_models(33, 64)
-    gpt, lstm = GPT(configs["gpt"]).num_params(), RNN(configs["lstm"]).num_params()
+    gpt, lstm = (build_model(configs[name]).num_params() for name in ("gpt", "lstm"))
     assert configs["gpt"].n_layer == configs["lstm"].n_layer == 2 and abs(lstm / gpt - 1) < 0.01
 
 
 @pytest.mark.parametrize("type, gates, tied", [("lstm", 4, False), ("gru", 3, True), ("lstm", 4, True)])
 def test_rnn_width_counts_parameters_like_the_model(type, gates, tied):
     width = rnn_width(200_000, 50, n_layer=3, gates=gates, tied=tied)
-    model = RNN(ModelConfig(type=type, vocab_size=50, n_layer=3, n_embd=width, n_head=1, pos="none",
-                            tie_weights=tied))
+    model = build_model(ModelConfig(type=type, vocab_size=50, n_layer=3, n_embd=width, tie_weights=tied))
     count = lambda h: 50 * h * (1 if tied else 2) + 3 * gates * (2 * h * h + 2 * h)
     assert model.num_params() == count(width)
     assert abs(count(width) - 200_000) <= min(abs(count(width + 1) - 200_000), abs(count(width - 1) - 200_000))
@@ -95,3 +101,29 @@ def test_gpt_learns_recall_in_a_short_seeded_run():
     _, curve = train_synthetic(synthetic_models(33, 64)["gpt"], make, 300, 3e-3, evals, torch.device("cpu"),
                                stop_at=0.97)
     assert curve[-1][1][4] >= 0.95, curve
+
+
+@pytest.mark.slow
+def test_lm_experiment_trains_both_models_with_train_py(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the runs (out/compare) and the prepared corpus (data/prepared) are relative paths
+    tiny = ["model.n_embd=16", "model.block_size=16", "train.batch_size=4"]
+    monkeypatch.setattr(compare, "LM_MODELS", {"gpt": ["model.n_layer=1", "model.n_head=2", *tiny],
+                                               "lstm": ["model=lstm", "model.n_layer=1", *tiny]})
+    corpus = words_corpus(tmp_path / "corpus.txt")
+    budget = {**compare.PRESETS["quick"], "lm_seconds": 0}  # the fewest iterations exp_lm runs: 20
+    ctx = compare.Context("quick", budget, torch.device("cpu"), tmp_path / "report", str(corpus))
+    ctx.out.mkdir()
+    compare.exp_lm(ctx)
+    compare.gradient_paths(ctx)  # reads the runs' checkpoints back
+    for name, type in (("gpt", "gpt"), ("lstm", "lstm")):
+        out = tmp_path / "out/compare" / f"lm-{name}"
+        model = json.loads((out / "config.json").read_text())["config"]["model"]
+        assert (model["type"], model["n_embd"], model["block_size"]) == (type, 16, 16)  # the overrides reached it
+        assert read_metrics(out, "eval")[-1]["iter"] == 20
+    rows = {(r["experiment"], r["measure"].split(" (")[0]): r for r in ctx.rows}
+    assert rows["lm", "parameters"]["note"].startswith("corpus corpus.txt")
+    vocab = int(rows["lm", "parameters"]["note"].split(", ")[1].split()[0])
+    equal_time = rows["lm", "val loss at equal time"]
+    assert all(0 < float(equal_time[side]) < math.log(vocab) for side in ("gpt", "lstm"))  # better than uniform
+    assert ("paths", "trained: gradient reaching the 16 farthest / the 16 nearest tokens") in rows
+    assert {p.name for p in ctx.out.glob("*.png")} == {"lm.png", "gradient_paths.png"}

@@ -15,53 +15,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import train as train_module
+from conftest import REPO, TINY, compose, data_overrides, run_script
+from runlog import read_metrics
 from model import GPT
 from train import train
 
-REPO = Path(__file__).resolve().parents[1]
-# one thread: fast on shared cores and the same arithmetic everywhere; unbuffered: every line is in the log at once
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-TINY = ["data=text", "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=16",
-        "train.batch_size=2", "train.eval_iters=2", "train.eval_interval=10", "train.warmup_iters=5",
-        "train.device=cpu", "logger.log_interval=1"]
-
-
-@pytest.fixture
-def one_thread():
-    """In-process runs use one thread, like the subprocesses: the same arithmetic, and no spinning on busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def data_args(tmp_path):
-    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "while", "birds", "sang"]
-    rng = random.Random(0)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(" ".join(rng.choice(words) for _ in range(3000)))
-    return [f"data.path={corpus}", f"data.dir={tmp_path / 'prepared'}"]
-
-
-def compose_config(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
-
-
-def rows(out_dir, event):
-    path = Path(out_dir) / "metrics.jsonl"
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:  # read while the line was being written
-            continue
-    return [r for r in found if r["event"] == event]
+UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # every line is in the log at once, for the harness that polls it
+# conftest's TINY as these runs were tuned: 64 wide, evaluated every 10 steps, a log line per step (the harness polls)
+CRASH = [*TINY, "model.n_embd=64", "train.eval_iters=2", "train.eval_interval=10", "train.warmup_iters=5",
+         "logger.log_interval=1"]
 
 
 def last_logged(out_dir):
@@ -89,8 +53,8 @@ def written_since(path, since_ns):
 
 def start(args, log_file):
     with log_file.open("w") as log:  # the child writes through its own copy of the file descriptor
-        return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=ENV, stdout=log,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env={**os.environ, **UNBUFFERED},
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_for(proc, log_file, condition, timeout=120):
@@ -142,16 +106,15 @@ def run_chain(args, out_dir, kinds, seed):
             after = torch.load(ckpt_path, weights_only=True)["iter"]  # loads: never a torn file
             assert before <= after and last_logged(out_dir) - 1 <= after <= last_logged(out_dir)
         kills.append((kind, after, mid_write))
-    finish = subprocess.run([sys.executable, "train.py", *args, f"train.resume={ckpt_path.exists()}"], cwd=REPO,
-                            env=ENV, capture_output=True, text=True, timeout=300)
+    finish = run_script("train.py", *args, f"train.resume={ckpt_path.exists()}", env=UNBUFFERED, timeout=300)
     assert finish.returncode == 0, finish.stdout[-2000:] + finish.stderr
     return kills
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_path, data_args, one_thread):
-    args = [*TINY, *data_args, "train.max_iters=120", "train.checkpoint_interval=1"]
-    train(compose_config([*args, f"out_dir={tmp_path / 'straight'}"]))
+def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_path, one_thread):
+    args = [*CRASH, *data_overrides(tmp_path), "train.max_iters=120", "train.checkpoint_interval=1"]
+    train(compose(*args, f"out_dir={tmp_path / 'straight'}"))
     kinds = ["write", "steps", "start", "write", "steps", "write", "start", "steps", "write", "steps", "write", "start"]
     with ThreadPoolExecutor(2) as pool:  # two killed runs side by side: one per core, half the wall time
         chains = [pool.submit(run_chain, [*args, f"out_dir={tmp_path / name}"], tmp_path / name, kinds, seed)
@@ -161,8 +124,8 @@ def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_pat
     straight = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)
     for name in ("killed-a", "killed-b"):
         for event, keys in (("log", ("iter", "train_loss")), ("eval", ("iter", "train_loss", "val_loss"))):
-            assert [[r[k] for k in keys] for r in rows(tmp_path / name, event)] == \
-                   [[r[k] for k in keys] for r in rows(tmp_path / "straight", event)]
+            assert [[r[k] for k in keys] for r in read_metrics(tmp_path / name, event)] == \
+                   [[r[k] for k in keys] for r in read_metrics(tmp_path / "straight", event)]
         resumed = torch.load(tmp_path / name / "ckpt.pt", weights_only=True)
         assert all(torch.equal(resumed["model"][k], v) for k, v in straight["model"].items())
     mid_write = sum(m for _, _, m in kills)
@@ -172,10 +135,10 @@ def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path, data_args, signum):
+def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path, signum):
     out_dir = tmp_path / "run"
     log_file = tmp_path / "train.log"
-    proc = start([*TINY, *data_args, f"out_dir={out_dir}", "train.max_iters=100000"], log_file)
+    proc = start([*CRASH, *data_overrides(tmp_path), f"out_dir={out_dir}", "train.max_iters=100000"], log_file)
     try:
         wait_for(proc, log_file, lambda: last_logged(out_dir) >= 3)
         proc.send_signal(signum)
@@ -188,11 +151,11 @@ def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path, data
     assert ckpt["iter"] == last_logged(out_dir)  # every finished step is in it
 
 
-def test_a_nonfinite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkpoint(tmp_path, data_args,
-                                                                                     one_thread):
+def test_a_nonfinite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkpoint(tmp_path, one_thread):
     out_dir = tmp_path / "run"
-    cfg = compose_config([*TINY, *data_args, f"out_dir={out_dir}", "train.max_iters=20", "train.checkpoint_interval=1",
-                          "train.warmup_iters=0", "train.learning_rate=1e10", "train.grad_clip=0"])
+    cfg = compose(*CRASH, *data_overrides(tmp_path), f"out_dir={out_dir}", "train.max_iters=20",
+                  "train.checkpoint_interval=1", "train.warmup_iters=0", "train.learning_rate=1e10",
+                  "train.grad_clip=0")
     with pytest.raises(ValueError, match=r"the loss is nan at iter (\d+); stopped before its optimizer step, .*"
                                          r"train.skip_nonfinite=true") as error:
         train(cfg)
@@ -219,15 +182,16 @@ class NanAt(GPT):
         return logits, loss
 
 
-def test_skip_nonfinite_skips_the_step_counts_and_logs_it(tmp_path, data_args, one_thread, monkeypatch):
+def test_skip_nonfinite_skips_the_step_counts_and_logs_it(tmp_path, one_thread, monkeypatch):
     models = []
-    monkeypatch.setattr(train_module, "build_model", lambda cfg: models.append(NanAt(cfg, {2, 4})) or models[-1])
+    monkeypatch.setattr(train_module, "build_model",
+                        lambda cfg: models.append(NanAt(cfg.architecture(), {2, 4})) or models[-1])
     out_dir = tmp_path / "run"
-    summary = train(compose_config([*TINY, *data_args, f"out_dir={out_dir}", "train.max_iters=6",
-                                    "train.skip_nonfinite=true"]))
+    summary = train(compose(*CRASH, *data_overrides(tmp_path), f"out_dir={out_dir}", "train.max_iters=6",
+                            "train.skip_nonfinite=true"))
     seen = models[0].weights_seen  # one training call per step: call k is step k
     assert torch.equal(seen[2], seen[3]) and torch.equal(seen[4], seen[5])  # no update on a skipped step
     assert not torch.equal(seen[1], seen[2]) and not torch.equal(seen[3], seen[4])
     assert summary["skipped_steps"] == 2 and torch.load(out_dir / "ckpt.pt", weights_only=True)["skipped_steps"] == 2
-    assert [(r["iter"], r["skipped_steps"]) for r in rows(out_dir, "skip")] == [(3, 1), (5, 2)]
-    assert [r["iter"] for r in rows(out_dir, "log")] == [1, 2, 4, 6]
+    assert [(r["iter"], r["skipped_steps"]) for r in read_metrics(out_dir, "skip")] == [(3, 1), (5, 2)]
+    assert [r["iter"] for r in read_metrics(out_dir, "log")] == [1, 2, 4, 6]

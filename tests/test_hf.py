@@ -1,25 +1,30 @@
-"""export.py against transformers' own GPT-2: same logits and same greedy tokens, both directions; offline."""
+"""hf.py and export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens, both
+directions; offline."""
 import base64
-import os
-import subprocess
-import sys
-from pathlib import Path
+import io
+import re
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from config import ModelConfig  # noqa: E402
-from export import from_hf, gpt2_config_problems, to_hf  # noqa: E402
+import export  # noqa: E402
+from checkpoint import load_checkpoint, load_model  # noqa: E402
+from config import ModelConfig, SampleConfig  # noqa: E402
+from conftest import SHARED_DATA, run_script, tiny_config  # noqa: E402
+from data.tokenizers import GPT2_EOT  # noqa: E402
+from decode import generate  # noqa: E402
+from hf import from_hf, gpt2_config_problems, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+from sample import sample  # noqa: E402
+from train import train  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=101)
 
 
 def tiny_gpt2_config():
-    # no bos/eos: HF would otherwise stop generating at token 50256, which this vocabulary lacks anyway
+    # no bos/eos: HF would otherwise stop generating at GPT2_EOT, which this vocabulary lacks anyway
     return transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=101, resid_pdrop=0.0,
                                    embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
 
@@ -52,7 +57,7 @@ def assert_same_as_hf(ours, hf, n_new=20):
                            pad_token_id=0)
     assert len(set(expected[0, 6:].tolist())) > 3  # a varied continuation, so every step's token is checked
     for kv_cache in (True, False):
-        got = ours.generate(prompt, n_new, temperature=0, kv_cache=kv_cache)
+        got = generate(ours, prompt, n_new, temperature=0, kv_cache=kv_cache)
         assert torch.equal(got, expected), f"kv_cache={kv_cache}"
     return diff
 
@@ -93,46 +98,33 @@ def test_incompatible_model_names_what_to_change(tmp_path):
     assert gpt2_config_problems(GPTConfig(**TINY, pos="learned", bias=True, n_kv_head=4, attn="manual")) == []
 
 
-def test_gpt2_preset_is_gpt2_compatible():
-    from omegaconf import OmegaConf
-    preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "configs/model/gpt2.yaml"))
-    config = OmegaConf.to_object(preset)
-    assert gpt2_config_problems(config) == []
-    assert (config.n_layer, config.n_head, config.n_embd, config.block_size, config.vocab_size) == (
-        12, 12, 768, 1024, 50257)
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "export.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-
-
+@pytest.mark.slow
 def test_cli_exports_a_trained_run(tmp_path):
-    from config import Config, DataConfig, ModelConfig, TrainConfig
-    from sample import load_model
-    from train import train
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("to be or not to be, that is the question. " * 100)
-    out = tmp_path / "out"
-    train(Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, pos="learned", bias=True),
-                 data=DataConfig(name="text", path=str(corpus), dir=str(tmp_path / "data")),
-                 train=TrainConfig(device="cpu", batch_size=4, max_iters=4, eval_interval=4, eval_iters=1),
-                 out_dir=str(out)))
-    result = run_cli(f"out_dir={out}")
+    cfg = tiny_config(tmp_path, batch_size=4, max_iters=4, eval_interval=4, eval_iters=1)
+    cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, pos="learned", bias=True)
+    train(cfg)
+    result = run_script("export.py", f"out_dir={cfg.out_dir}")
     assert result.returncode == 0, result.stderr
-    ours, _ = load_model(out, "best", "cpu")
-    hf = transformers.GPT2LMHeadModel.from_pretrained(out / "hf")
+    ours, _ = load_model(cfg.out_dir, "best", "cpu")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "hf")
+    assert hf.config.eos_token_id is None  # a character vocabulary has no GPT2_EOT
     idx = torch.randint(0, ours.config.vocab_size, (1, 10))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("args", [["out_dir=does/not/exist"], [], ["out_dir=x", "colour=blue"]])
-def test_cli_errors_are_one_line(args):
-    result = run_cli(*args)
+def test_cli_errors_are_one_line():
+    result = run_script("export.py", "out_dir=does/not/exist", timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: no checkpoint in does/not/exist"), result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "out_dir=DIR is required"), (["out_dir=x", "colour=blue"], "unknown argument 'colour=blue'; usage: ")])
+def test_cli_usage_mistakes_name_the_fix(args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        export.main(args)
 
 
 def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):
@@ -152,32 +144,26 @@ def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):
 
 
 def test_train_and_sample_start_from_a_local_gpt2(tmp_path):
-    from config import Config, DataConfig, SampleConfig, TrainConfig
-    from sample import sample
-    from train import load_checkpoint, train
     # GPT-2's ranks file where present; else a table of single bytes (real GPT-2 ids for bytes, no merges)
-    bpe = ROOT.parent / "shared/data/gpt2.tiktoken"
+    bpe = SHARED_DATA / "gpt2.tiktoken"
     if not bpe.exists():
         bpe = tmp_path / "bytes.tiktoken"
         bpe.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
     hf_dir = tmp_path / "hf"
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32,
-                                                         vocab_size=50257)).save_pretrained(hf_dir)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    out = tmp_path / "out"
-    train(Config(model=ModelConfig(block_size=16),
-                 data=DataConfig(name="text", path=str(corpus), tokenizer="gpt2", bpe_file=str(bpe),
-                                 dir=str(tmp_path / "data")),
-                 train=TrainConfig(device="cpu", init_from=str(hf_dir), batch_size=2, max_iters=2, eval_interval=2,
-                                   eval_iters=1, learning_rate=1e-12, min_lr=0.0, weight_decay=0.0),
-                 out_dir=str(out)))
-    ckpt = load_checkpoint(out / "ckpt.pt")
+                                                         vocab_size=GPT2_EOT + 1)).save_pretrained(hf_dir)
+    cfg = tiny_config(tmp_path, init_from=str(hf_dir), batch_size=2, max_iters=2, eval_interval=2, eval_iters=1,
+                      learning_rate=1e-12, min_lr=0.0, weight_decay=0.0)
+    cfg.model = ModelConfig(block_size=16)
+    cfg.data.tokenizer, cfg.data.bpe_file = "gpt2", str(bpe)
+    train(cfg)
+    ckpt = load_checkpoint(tmp_path / "out" / "ckpt.pt")
     assert ckpt["model_config"]["n_embd"] == 16 and ckpt["model_config"]["block_size"] == 16  # cropped from 32
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir)
     torch.testing.assert_close(ckpt["model"]["transformer.wte.weight"], hf.transformer.wte.weight.detach())
     if bpe.name == "bytes.tiktoken":
-        return  # a random model emits ids beyond the bytes table; sampling needs the real ranks file
+        pytest.skip(f"sampling needs GPT-2's ranks file ({SHARED_DATA / 'gpt2.tiktoken'}): a random model emits "
+                    "ids beyond the bytes table")
     texts = sample(SampleConfig(init_from=str(hf_dir), bpe_file=str(bpe), prompt="the fox", max_new_tokens=5,
-                                temperature=0, device="cpu"), out=open(os.devnull, "w"))
+                                temperature=0, device="cpu"), out=io.StringIO())
     assert texts[0].startswith("the fox") and len(texts[0]) > len("the fox")

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, apply_rope, rope_tables, sample_token
+from model import GPT, GPTConfig, KVCache, apply_rope, rope_tables
 
 POS = ["rope", "learned", "sinusoidal", "none"]
 ATTN = ["sdpa", "manual"]
@@ -102,7 +102,7 @@ def test_rope_scores_depend_only_on_relative_offset():
 
 
 def cached_logits(model, x, prefill, mask=None):
-    cache = KVCache(model.config, x.size(0), model.config.block_size, "cpu", torch.float32)
+    cache = model.new_cache(x.size(0), "cpu", torch.float32)
     pieces = [model(x[:, :prefill], attention_mask=None if mask is None else mask[:, :prefill], cache=cache)[0]]
     for t in range(prefill, x.size(1)):
         pieces.append(model(x[:, t:t + 1], cache=cache)[0])
@@ -150,53 +150,6 @@ def test_padding_is_excluded_from_the_loss():
     torch.testing.assert_close(padded_loss, model(b, targets[:, 4:])[1], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("pos", POS)
-def test_greedy_generation_same_with_and_without_cache(pos):
-    model = tiny(pos=pos, n_kv_head=2)
-    prompt = torch.randint(0, 37, (2, 5))
-    with_cache = model.generate(prompt, 27, temperature=0)  # fills the 32-token context exactly
-    without = model.generate(prompt, 27, temperature=0, kv_cache=False)
-    assert torch.equal(with_cache, without)
-
-
-def test_generation_past_block_size_slides_the_window():
-    model = tiny(pos="learned")
-    out = model.generate(torch.randint(0, 37, (1, 5)), 100, temperature=0)
-    assert out.shape == (1, 105)
-
-
-def test_generation_is_seeded_and_stops_at_stop_tokens():
-    model = tiny()
-    prompt = torch.randint(0, 37, (3, 4))
-    a = model.generate(prompt, 20, generator=torch.Generator().manual_seed(1))
-    b = model.generate(prompt, 20, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(a, b)
-    stopped = model.generate(prompt, 200, stop_tokens=range(37), generator=torch.Generator().manual_seed(1))
-    assert stopped.shape == (3, 5)
-
-
-def test_top_k_and_top_p_keep_only_likely_tokens():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    draws = lambda **kw: {sample_token(logits, generator=torch.Generator().manual_seed(s), **kw).item()
-                          for s in range(200)}
-    assert draws(top_k=2) == {0, 1}
-    assert draws(top_p=0.7) == {0, 1}  # 0.5 alone is short of 0.7; 0.5 + 0.3 covers it
-    assert draws(top_p=0.4) == {0}
-    assert draws(temperature=0) == {0}
-    assert draws() == {0, 1, 2, 3}
-
-
-@pytest.mark.parametrize("kw, message", [
-    (dict(max_new_tokens=-1), "max_new_tokens"), (dict(temperature=-0.5), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k")])
-def test_bad_sampling_arguments(kw, message):
-    model = tiny()
-    args = dict(max_new_tokens=3)
-    args.update(kw)
-    with pytest.raises(ValueError, match=message):
-        model.generate(torch.zeros(1, 1, dtype=torch.long), **args)
-
-
 def test_loss_at_init_is_near_uniform_and_one_batch_overfits():
     torch.manual_seed(0)
     model = tiny(vocab_size=65).train()
@@ -221,6 +174,13 @@ def test_weight_tying_parameter_counts_and_flops():
     assert GPT(GPTConfig(vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32, tie_weights=False)
                ).num_params() == blocks + 2 * 37 * 32
     assert model.flops_per_token() == 6 * (blocks + 37 * 32) + 12 * 2 * 32 * 32
+
+
+def test_new_cache_holds_one_context_window():
+    model = tiny(n_kv_head=2)
+    cache = model.new_cache(3, "cpu", torch.float16)
+    assert model.context_window == 32 and isinstance(cache, KVCache) and cache.length == 0
+    assert cache.k.shape == cache.v.shape == (2, 3, 2, 32, 8) and cache.k.dtype == torch.float16  # (L, B, nkv, W, hs)
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -1,22 +1,25 @@
-"""rnn.py: GPT's interface, causality, padding, carried state == recomputation, presets matched to the GPT."""
+"""rnn.py: GPT's interface, causality, padding, carried state == recomputation, its own config checks, presets
+matched to the GPT. Decoding from either model is tested once, in test_decode.py."""
 import io
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from config import ModelConfig
-from model import GPT
-from rnn import RNN, RNNState
+from checkpoint import build_model
+from config import ModelConfig, SampleConfig
+from conftest import compose, tiny_config
+from rnn import RNN, RNNConfig, RNNState
+from sample import sample
+from train import train
 
 TYPES = ["lstm", "gru"]
-PRESETS = Path(__file__).parent.parent / "configs" / "model"
 
 
 def tiny(type, **kw):
     torch.manual_seed(0)
-    return RNN(ModelConfig(type=type, vocab_size=37, block_size=32, n_layer=2, n_embd=32, **kw)).eval()
+    cfg = dict(type=type, vocab_size=37, block_size=32, n_layer=2, n_embd=32, dropout=0.0, tie_weights=True)
+    return RNN(RNNConfig(**{**cfg, **kw})).eval()
 
 
 @pytest.mark.parametrize("type", TYPES)
@@ -75,63 +78,58 @@ def test_bad_padding_is_a_clear_error():
         model(x, attention_mask=torch.tensor([[0] * 6, [1] * 6]).bool())
 
 
-@pytest.mark.parametrize("type", TYPES)
-def test_greedy_generation_same_with_and_without_carried_state(type):
-    model = tiny(type)
-    prompt = torch.randint(0, 37, (2, 5))
-    mask = torch.tensor([[True] * 5, [False, False, True, True, True]])
-    # past block_size (an RNN has no limit); fewer steps when padded: on CPU each new length builds a oneDNN kernel
-    for new, kw in ((30, {}), (8, {"attention_mask": mask})):
-        with_state = model.generate(prompt, new, temperature=0, **kw)
-        assert torch.equal(with_state, model.generate(prompt, new, temperature=0, kv_cache=False, **kw))
-        assert with_state.shape == (2, 5 + new)
-    alone = model.generate(prompt[1:, 2:], 10, temperature=0)
-    assert torch.equal(model.generate(prompt, 10, temperature=0, attention_mask=mask)[1, 2:], alone[0])
-
-
-def test_generation_is_seeded_and_stops_at_stop_tokens():
-    model = tiny("gru")
-    prompt = torch.randint(0, 37, (3, 4))
-    a = model.generate(prompt, 20, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(a, model.generate(prompt, 20, top_k=5, top_p=0.9, generator=torch.Generator().manual_seed(1)))
-    assert model.generate(prompt, 200, stop_tokens=range(37)).shape == (3, 5)
-    with pytest.raises(ValueError, match="temperature"):
-        model.generate(prompt, 3, temperature=-1)
-
-
 def test_parameter_counts_and_tying():
     tied, untied = tiny("lstm"), tiny("lstm", tie_weights=False)
     core = 2 * 4 * (2 * 32 * 32 + 2 * 32)  # per layer: 4 gates x (W_ih, W_hh, b_ih, b_hh)
     assert tied.lm_head.weight is tied.wte.weight
     assert tied.num_params() == core + 37 * 32 and tied.num_params(embeddings=False) == core
     assert untied.num_params() == core + 2 * 37 * 32
-    with pytest.raises(ValueError, match="rnn"):
-        RNN(ModelConfig(type="rnn"))
 
 
-@pytest.mark.parametrize("preset", ["lstm", "gru"])
+def test_an_rnn_config_validates_only_the_fields_an_rnn_reads():
+    cfg = ModelConfig(type="lstm", n_embd=33, n_head=4)  # 33 is not divisible by 4, which only attention needs
+    assert cfg.architecture() == RNNConfig(type="lstm", vocab_size=cfg.vocab_size, block_size=cfg.block_size,
+                                           n_layer=cfg.n_layer, n_embd=33, dropout=0.0, tie_weights=cfg.tie_weights)
+    with pytest.raises(ValueError, match="n_embd=33 is not divisible by n_head=4"):
+        ModelConfig(type="gpt", n_embd=33, n_head=4)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(n_layer=0), "n_layer=0 must be positive"), (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+    (dict(type="gpt"), "type='gpt' is not a recurrent model; use lstm or gru")])
+def test_bad_rnn_configs_name_the_fix(kw, message):
+    args = {**dict(type="lstm", vocab_size=37, block_size=16, n_layer=2, n_embd=32, dropout=0.0, tie_weights=True),
+            **kw}
+    with pytest.raises(ValueError, match=message):
+        RNNConfig(**args)
+
+
+@pytest.mark.parametrize("type", ["gpt", *TYPES])
+def test_both_models_report_size_cost_and_context_window(type):
+    model = build_model(ModelConfig(type=type, vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32))
+    assert model.num_params() > model.num_params(embeddings=False) > 0
+    assert model.flops_per_token() >= 6 * model.num_params(embeddings=False) > 0
+    assert model.context_window == (32 if type == "gpt" else None)
+    if type != "gpt":  # a recurrence costs the same per token however long the context
+        assert model.flops_per_token(seq_len=10_000) == model.flops_per_token()
+
+
+@pytest.mark.parametrize("preset", TYPES)
 def test_presets_match_the_default_gpt_within_one_percent(preset):
-    cfg = ModelConfig(**{**OmegaConf.to_container(OmegaConf.load(PRESETS / f"{preset}.yaml")), "vocab_size": 96})
-    gpt, rnn = GPT(ModelConfig(vocab_size=96)).num_params(), RNN(cfg).num_params()
+    cfg = replace(compose(f"model={preset}").model, vocab_size=96)  # the stdlib corpus has 96 characters
+    gpt, rnn = build_model(ModelConfig(vocab_size=96)).num_params(), build_model(cfg).num_params()
     print(f"default GPT {gpt:,} parameters, {preset} {rnn:,} ({rnn / gpt - 1:+.2%})")
-    assert cfg.type == preset and abs(rnn / gpt - 1) < 0.01
+    assert cfg.type == preset and isinstance(build_model(cfg), RNN) and abs(rnn / gpt - 1) < 0.01
 
 
 @pytest.mark.slow
 def test_train_py_trains_an_lstm_and_sample_py_samples_from_it(tmp_path):
-    from config import Config, DataConfig, SampleConfig, TrainConfig
-    from sample import sample
-    from train import train
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog\n" * 60)
-    cfg = Config(model=ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=16),
-                 data=DataConfig(name="text", path=str(corpus), dir=str(tmp_path / "prepared")),
-                 train=TrainConfig(device="cpu", batch_size=4, max_iters=6, eval_interval=3, eval_iters=2,
-                                   warmup_iters=1), out_dir=str(tmp_path / "run"))
+    cfg = tiny_config(tmp_path, batch_size=4, max_iters=6, eval_interval=3, warmup_iters=1)
+    cfg.model = ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=16)
     summary = train(cfg)
-    assert summary["iters"] == 6 and (tmp_path / "run" / "best.pt").exists()
+    assert summary["iters"] == 6 and (tmp_path / "out" / "best.pt").exists()
     out = io.StringIO()
-    common = dict(out_dir=str(tmp_path / "run"), max_new_tokens=30, temperature=0, device="cpu")
+    common = dict(out_dir=cfg.out_dir, max_new_tokens=30, temperature=0, device="cpu")
     texts = sample(SampleConfig(prompt="the ", **common), out=out)
     assert texts[0].startswith("the ") and len(texts[0]) == 34 and out.getvalue().startswith("the ")
     padded = sample(SampleConfig(prompts=["the quick ", "a"], **common), out=io.StringIO())  # a left-padded batch

@@ -1,15 +1,14 @@
-"""sample.py on a tiny trained run: seeded, streamed, batched with padding, with and without the cache."""
+"""sample.py on tiny trained runs (a GPT and an LSTM): seeded, streamed, batched with padding, with and without the
+cache, through sample(cfg) and the CLI. CPU, seconds."""
 import io
-import subprocess
-import sys
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
-from config import SampleConfig
+from config import ModelConfig, SampleConfig
+from conftest import FakeClock, run_script, tiny_config
 from sample import quote_prompts, sample
-
-ROOT = Path(__file__).resolve().parent.parent
+from train import train
 
 
 def generate(out_dir, **kw):
@@ -48,11 +47,18 @@ def test_a_single_sample_streams_token_by_token(tiny_run):
 
 
 @pytest.mark.parametrize("kw, message", [
+    (dict(top_p=0.0), "top_p"), (dict(temperature=-1.0), "temperature"), (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(checkpoint="newest"), "checkpoint='newest' is unknown"), (dict(num_samples=0), "num_samples=0 must be >= 1")])
+def test_sample_config_rejects_bad_values_when_made(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SampleConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
     (dict(prompt="def é"), "characters the model's vocabulary lacks: 'é'"),
     (dict(prompt="def f(x):" * 10), "longer than the model's block_size=32"),
-    (dict(top_p=0.0), "top_p"), (dict(temperature=-1.0), "temperature"), (dict(max_new_tokens=-1), "max_new_tokens"),
-    (dict(checkpoint="newest"), "checkpoint='newest' is unknown"), (dict(prompt_file="missing.txt"), "prompt_file")])
-def test_bad_input_is_named(tiny_run, kw, message):
+    (dict(prompt=""), "the prompt is empty"), (dict(prompt_file="missing.txt"), "prompt_file")])
+def test_bad_prompts_are_named(tiny_run, kw, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
         generate(tiny_run, **kw)
 
@@ -60,7 +66,21 @@ def test_bad_input_is_named(tiny_run, kw, message):
 def test_cli_takes_free_text_prompts(tiny_run):
     prompt = "f(x): {'a': x} # it's ${x}"
     assert quote_prompts(["sample.py", f"prompt={prompt}"])[1].startswith("prompt='")
-    result = subprocess.run([sys.executable, "sample.py", f"out_dir={tiny_run}", f"prompt={prompt}",
-                             "max_new_tokens=5", "device=cpu"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_script("sample.py", f"out_dir={tiny_run}", f"prompt={prompt}", "max_new_tokens=5", "device=cpu")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(prompt) and len(result.stdout) == len(prompt) + 5 + 1
+
+
+@pytest.mark.slow
+def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
+    cfg = tiny_config(tmp_path, max_iters=20)
+    cfg = replace(cfg, model=ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=32))
+    train(cfg, clock=FakeClock())
+    prompt = "def f1(x):" * 4  # longer than block_size: an RNN's state has no context limit
+    texts = generate(cfg.out_dir, prompt=prompt, seed=3)
+    assert texts == generate(cfg.out_dir, prompt=prompt, seed=3) != generate(cfg.out_dir, prompt=prompt, seed=4)
+    assert texts[0].startswith(prompt) and len(texts[0]) == len(prompt) + 40
+    result = run_script("sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}", "seed=3", "max_new_tokens=40",
+                        "device=cpu")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == texts[0] + "\n"  # the CLI draws the same tokens from the same seed

@@ -1,0 +1,25 @@
+"""Prepare a corpus ahead of training (train.py prepares it itself when needed); the same options as train.py.
+
+    python -m data.prepare data=shakespeare_char
+    python -m data.prepare data=text data.path=notes/
+"""
+import sys
+
+from config import compose, run_cli
+from data.corpus import load_meta, prepare
+
+
+def main():
+    try:
+        cfg = compose(*sys.argv[1:])
+        folder = prepare(cfg.data, cfg.model.block_size)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    meta = load_meta(folder)
+    print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens, "
+          f"vocab_size={meta['vocab_size']}")
+
+
+if __name__ == "__main__":
+    run_cli(main, help_script="train.py")  # the same config as train.py's

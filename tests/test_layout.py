@@ -1,0 +1,86 @@
+"""The layout stays readable: entry points import shared modules and never each other, the import graph has no
+cycle (function-local imports included), lazy imports are for optional dependencies only, and the files and
+functions stay within the budgets of the style guide."""
+import ast
+import re
+
+import pytest
+
+from conftest import REPO
+
+ENTRY_POINTS = {"train", "sample", "export", "bench", "compare", "data.prepare"}
+OPTIONAL = {"transformers", "wandb", "matplotlib"}  # imported where they are used, so the rest runs without them
+BUDGETS = {"model.py": 350, "train.py": 400, "sample.py": 150}  # lines, from the style guide
+LONGEST_FUNCTION = 90  # lines, in train.py, model.py and sample.py
+
+
+def project_modules():
+    """{module name: parsed file} for every Python file of the project outside tests/."""
+    files = [p for p in REPO.glob("*.py")] + [p for p in (REPO / "data").glob("*.py")]
+    return {".".join(p.relative_to(REPO).with_suffix("").parts): ast.parse(p.read_text()) for p in files}
+
+
+def imports(tree):
+    """(module imported, at top level?) for every import statement in tree."""
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.append((node.module, id(node) in top))
+    return found
+
+
+def test_entry_points_import_shared_modules_never_each_other():
+    modules = project_modules()
+    wrong = [(name, imported) for name, tree in modules.items() for imported, _ in imports(tree)
+             if imported in ENTRY_POINTS and imported != name]
+    assert not wrong
+
+
+def test_the_import_graph_has_no_cycle():
+    modules = project_modules()
+    graph = {name: {m for m, _ in imports(tree) if m in modules and m != name} for name, tree in modules.items()}
+    visiting, done = set(), set()
+
+    def visit(name, path):
+        assert name not in visiting, f"import cycle: {' -> '.join(path + [name])}"
+        if name in done:
+            return
+        visiting.add(name)
+        for child in graph[name]:
+            visit(child, path + [name])
+        visiting.discard(name)
+        done.add(name)
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_lazy_imports_are_for_optional_dependencies_only():
+    lazy = [(name, imported) for name, tree in project_modules().items() for imported, top in imports(tree)
+            if not top and imported.split(".")[0] not in OPTIONAL]
+    assert not lazy
+
+
+@pytest.mark.parametrize("file, budget", BUDGETS.items())
+def test_files_stay_within_their_line_budget(file, budget):
+    assert len((REPO / file).read_text().splitlines()) <= budget
+
+
+@pytest.mark.parametrize("file", ["train.py", "model.py", "sample.py"])
+def test_no_function_is_longer_than_a_screen_or_two(file):
+    tree = ast.parse((REPO / file).read_text())
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION]
+    assert not long
+
+
+def test_every_test_the_docs_cite_exists():
+    defined = {m for p in (REPO / "tests").glob("test_*.py") for m in re.findall(r"def (test_\w+)", p.read_text())}
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    cited = {name for doc in docs for name in re.findall(r"\b(test_\w+)\b", doc.read_text())}
+    cited -= {p.stem for p in (REPO / "tests").glob("test_*.py")}  # file names, not test names
+    assert cited and not cited - defined, sorted(cited - defined)

@@ -1,0 +1,126 @@
+"""runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the A B A B timing and the machine's
+name, the git commit. GPU-only checks are skipped without CUDA."""
+import importlib.util
+import re
+import shutil
+import subprocess
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import runtime
+from config import DTYPES
+from conftest import REPO
+
+CPU = torch.device("cpu")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_pick_device_cpu_and_auto_on_a_cpu_machine():
+    assert runtime.pick_device("cpu") == CPU
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("auto picks the accelerator here")
+    assert runtime.pick_device("auto") == CPU
+
+
+@pytest.mark.parametrize("name, problem", [("tpu", "is unknown"), ("cuda:x", "is unknown"),
+                                           ("cuda", "is not available on this machine")])
+def test_pick_device_names_a_bad_or_missing_device_in_one_line(name, problem):
+    if name == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match=f"device '{re.escape(name)}' {problem}; use auto") as error:
+        runtime.pick_device(name)
+    assert "\n" not in str(error.value)
+
+
+def test_autocast_dtype_of_every_name_on_cpu():
+    expected = {"auto": None, "float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    assert set(expected) == set(DTYPES)
+    assert {name: runtime.autocast_dtype(CPU, name) for name in DTYPES} == expected
+
+
+def test_autocast_none_is_a_no_op_and_a_dtype_casts_matmuls():
+    a = torch.randn(4, 4)
+    with runtime.autocast(CPU, None):
+        assert not torch.is_autocast_enabled("cpu")
+        assert (a @ a).dtype == torch.float32
+    with runtime.autocast(CPU, torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
+
+
+def test_cpu_has_no_peak_and_keeps_its_backend_settings():
+    assert runtime.peak_flops(CPU) is None
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    runtime.configure(CPU)
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32
+    tensor = torch.arange(3)
+    assert torch.equal(runtime.to_device(tensor, CPU), tensor)
+    runtime.sync(CPU)  # nothing to wait for, and no error
+
+
+def test_hardware_name_names_the_cpu_its_capability_and_threads(one_thread):
+    name = runtime.hardware_name(CPU)
+    assert name.startswith("CPU ") and name.endswith(", 1 thread(s)")
+    assert f"torch capability {torch.backends.cpu.get_cpu_capability()}" in name
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+              if line.startswith("model name")]
+    if models:
+        assert models[0] in name
+
+
+def test_alternate_calls_each_function_in_turn_and_returns_its_median(monkeypatch):
+    now, calls = [0.0], []
+    monkeypatch.setattr(runtime, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def work(name, seconds):
+        def fn():
+            calls.append(name)
+            now[0] += seconds.pop(0)
+        return fn
+
+    medians = runtime.alternate({"A": work("A", [1.0, 5.0, 2.0]), "B": work("B", [30.0, 10.0, 20.0])}, 3, CPU)
+    assert calls == ["A", "B", "A", "B", "A", "B"]
+    assert medians == {"A": 2.0, "B": 20.0}
+
+
+def test_git_commit_is_this_checkouts_head():
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout with git installed")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = runtime.git_commit()
+    assert re.fullmatch(r"[0-9a-f]{40}", commit) and commit == head
+
+
+def test_git_commit_is_none_outside_a_checkout(tmp_path):
+    copy = tmp_path / "runtime.py"  # a copy of the module, which looks for its checkout next to itself
+    shutil.copy(runtime.__file__, copy)
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True).returncode == 0:
+        pytest.skip(f"{tmp_path} is inside a git checkout")
+    spec = importlib.util.spec_from_file_location("runtime_copy", copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.git_commit() is None
+
+
+@needs_cuda
+def test_cuda_configure_turns_on_tf32_and_copies_without_blocking(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    runtime.configure(cuda)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert runtime.pick_device("auto").type == "cuda" and runtime.pick_device("cuda") == cuda
+    moved = runtime.to_device(torch.arange(3), cuda)
+    runtime.sync(cuda)
+    assert moved.device.type == "cuda" and moved.tolist() == [0, 1, 2]
+    assert runtime.hardware_name(cuda) == f"GPU {torch.cuda.get_device_name(cuda)}"
+
+
+@needs_cuda
+def test_cuda_peak_is_the_table_entry_for_this_gpu():
+    name = torch.cuda.get_device_name(torch.device("cuda"))
+    listed = next((flops for key, flops in runtime.PEAK_FLOPS if key in name), None)
+    assert runtime.peak_flops(torch.device("cuda")) == listed

@@ -1,0 +1,142 @@
+"""training.py: the lr schedule, one train_step against a hand-written step, gradient accumulation, the skipped
+non-finite step, set_lr's lr_scale and which parameters make_optimizer puts on Muon and decays. Tiny GPTs, CPU."""
+import copy
+import math
+
+import pytest
+import torch
+
+from config import TrainConfig
+from model import GPT, GPTConfig
+from training import Optimizers, get_lr, make_optimizer, set_lr, train_step
+
+CPU = torch.device("cpu")
+
+
+def tiny_gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=17, block_size=8, n_layer=2, n_head=2, n_embd=16))
+
+
+def batch(size, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(17, (size, 9), generator=generator)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+class NanLoss(torch.nn.Module):
+    """A model whose loss is nan, as a corrupted batch or an overflow would make it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        logits, loss = self.model(x, y)
+        return logits, loss * float("nan")
+
+
+class GradRecorder:
+    """An optimizer that takes no step but keeps the gradients it was asked to step with."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, None
+
+    def step(self):
+        self.grads = [p.grad.clone() for p in self.model.parameters()]
+
+    def zero_grad(self, set_to_none=True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+
+def test_lr_schedule_warms_up_then_decays_to_min_lr():
+    t = TrainConfig(warmup_iters=10, max_iters=100, learning_rate=1e-3, min_lr=1e-4)
+    lrs = [get_lr(it, t) for it in range(101)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert lrs[55] == pytest.approx((1e-3 + 1e-4) / 2)  # half way through the cosine
+    assert lrs[100] == pytest.approx(1e-4)
+
+
+def test_a_time_budget_decays_the_lr_over_its_seconds():
+    t = TrainConfig(warmup_iters=5, max_iters=10**6, learning_rate=1e-3, min_lr=1e-4, time_budget_s=2.0)
+    assert get_lr(10, t, seconds=0.0) > get_lr(10, t, seconds=1.0) > get_lr(10, t, seconds=2.0) == 1e-4
+    assert get_lr(10, t, seconds=1.0) == pytest.approx((1e-3 + 1e-4) / 2, rel=1e-4)
+    assert get_lr(10, t, seconds=5.0) == 1e-4  # past the budget it stays at min_lr
+
+
+def test_train_step_equals_a_hand_written_step_bit_for_bit():
+    t = TrainConfig(learning_rate=1e-2, grad_clip=0.05)
+    model, reference = tiny_gpt(), tiny_gpt()
+    optimizer, reference_optimizer = make_optimizer(model, t, CPU), make_optimizer(reference, t, CPU)
+    for step in range(3):  # several steps, so AdamW's moments take part too
+        x, y = batch(4, seed=step)
+        loss = train_step(model, optimizer, [(x, y)], grad_clip=t.grad_clip)
+
+        _, reference_loss = reference(x, y)
+        reference_loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), t.grad_clip)
+        assert norm > t.grad_clip  # the clip took part
+        reference_optimizer.step()
+        reference_optimizer.zero_grad(set_to_none=True)
+
+        assert loss == reference_loss.item()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p, q), (step, name)
+            assert p.grad is None, name  # train_step leaves no gradients behind
+
+
+def test_two_micro_batches_give_the_gradients_of_their_mean():
+    model = tiny_gpt()
+    x, y = batch(8)
+    recorder = GradRecorder(model)
+    loss = train_step(model, recorder, [(x[:4], y[:4]), (x[4:], y[4:])])
+
+    _, reference_loss = model(x, y)  # one mean over all 8 sequences
+    reference_loss.backward()
+    assert loss == pytest.approx(reference_loss.item(), abs=1e-6)
+    for grad, p in zip(recorder.grads, model.parameters()):
+        assert (grad - p.grad).abs().max() <= 1e-6
+
+
+def test_a_nonfinite_loss_takes_no_step_and_returns_nan():
+    model = tiny_gpt()
+    optimizer = make_optimizer(model, TrainConfig(), CPU)
+    before = copy.deepcopy(model.state_dict())
+    loss = train_step(NanLoss(model), optimizer, [batch(4)], grad_clip=1.0)
+    assert math.isnan(loss)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # weight decay would move them
+    assert not optimizer.state  # not a step with zero gradients either: no step at all
+    assert all(p.grad is None for p in model.parameters())  # the nan gradients are dropped
+
+
+def test_set_lr_scales_each_group_by_its_lr_scale():
+    t = TrainConfig(optimizer="muon", learning_rate=1e-3, muon_lr=0.02)
+    optimizer = make_optimizer(tiny_gpt(), t, CPU)
+    set_lr(optimizer, 5e-4)
+    adamw, muon = optimizer.optimizers
+    assert [g["lr"] for g in adamw.param_groups] == [5e-4, 5e-4]
+    assert [g["lr"] for g in muon.param_groups] == [pytest.approx(5e-4 * 0.02 / 1e-3)]  # Muon follows the schedule
+
+
+def test_make_optimizer_decays_matrices_only_and_puts_block_matrices_on_muon_only_when_asked():
+    model = tiny_gpt()
+    names = {p: n for n, p in model.named_parameters()}
+    block_matrices = {n for p, n in names.items() if p.dim() == 2 and n.startswith("transformer.h.")}
+    assert block_matrices and len(block_matrices) < sum(p.dim() == 2 for p in names)  # the embedding is not one
+
+    adamw = make_optimizer(model, TrainConfig(optimizer="adamw", weight_decay=0.1), CPU)
+    assert isinstance(adamw, torch.optim.AdamW)
+    decayed, not_decayed = adamw.param_groups
+    assert decayed["weight_decay"] == 0.1 and not_decayed["weight_decay"] == 0.0
+    assert {names[p] for p in decayed["params"]} == {n for p, n in names.items() if p.dim() == 2}
+    assert {names[p] for p in not_decayed["params"]} == {n for p, n in names.items() if p.dim() < 2}
+
+    both = make_optimizer(model, TrainConfig(optimizer="muon", weight_decay=0.1), CPU)
+    assert isinstance(both, Optimizers)
+    adamw, muon = both.optimizers
+    assert isinstance(muon, torch.optim.Muon)
+    assert {names[p] for g in muon.param_groups for p in g["params"]} == block_matrices
+    decayed, not_decayed = adamw.param_groups
+    assert {names[p] for p in decayed["params"]} == {n for p, n in names.items() if p.dim() == 2} - block_matrices
+    assert {names[p] for p in not_decayed["params"]} == {n for p, n in names.items() if p.dim() < 2}

@@ -1,0 +1,102 @@
+"""The parts of a training step that train.py, compare.py and bench.py share: the optimizer, the schedule, one step.
+
+    optimizer = make_optimizer(model, cfg.train, device)
+    set_lr(optimizer, get_lr(it, cfg.train))
+    loss = train_step(model, optimizer, [(x, y)], grad_clip=cfg.train.grad_clip)
+"""
+import math
+from contextlib import nullcontext
+
+import torch
+
+from config import TrainConfig
+
+
+def get_lr(it, t: TrainConfig, seconds=0.0):
+    """Linear warmup to learning_rate, then cosine decay to min_lr at max_iters, or with a time budget at
+    time_budget_s seconds of training, whichever comes first."""
+    if it < t.warmup_iters:
+        return t.learning_rate * (it + 1) / t.warmup_iters
+    progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
+    if t.time_budget_s > 0:
+        progress = max(progress, seconds / t.time_budget_s)
+    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (t.learning_rate - t.min_lr)
+
+
+def set_lr(optimizer, lr):
+    """Every group at lr, times its lr_scale (Muon's groups run at muon_lr / learning_rate of the schedule)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def make_optimizer(model, t: TrainConfig, device):
+    """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the blocks'
+    matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers");
+    embeddings, the head and the gains stay on AdamW, as Muon's authors advise."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def on_muon(name, p):  # a matrix inside a block
+        return t.optimizer == "muon" and p.dim() == 2 and name.startswith("transformer.h.")
+
+    hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    adamw = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
+    if not hidden:
+        return adamw
+    muon = torch.optim.Muon([{"params": hidden, "lr_scale": t.muon_lr / t.learning_rate}], lr=t.muon_lr,
+                            momentum=t.muon_momentum, weight_decay=t.weight_decay)
+    return Optimizers(adamw, muon)
+
+
+class Optimizers:
+    """Several optimizers that step, zero and checkpoint as one, so the loop and GradScaler see a single one."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):  # read afresh: load_state_dict replaces each optimizer's group dicts
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.optimizers]
+
+    def load_state_dict(self, states):
+        for o, state in zip(self.optimizers, states, strict=True):
+            o.load_state_dict(state)
+
+
+def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None):
+    """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss
+    (a DDP model all-reduces them on the last micro-batch only); then, if the loss is finite, clip the gradient norm
+    to grad_clip (0: no clipping) and step. all_mean(loss) averages the loss across processes, so every process takes
+    the same decision. Returns the loss as a float; after a non-finite one no step is taken and the gradients are
+    dropped, and the caller decides whether to go on."""
+    scaler = scaler or torch.amp.GradScaler(enabled=False)
+    step_loss = torch.zeros((), device=batches[0][0].device)
+    for i, (x, y) in enumerate(batches):
+        accumulate = i < len(batches) - 1 and hasattr(model, "no_sync")
+        with model.no_sync() if accumulate else nullcontext(), autocast:
+            loss = model(x, y)[1] / len(batches)
+        scaler.scale(loss).backward()
+        step_loss += loss.detach()
+    if all_mean is not None:
+        step_loss = all_mean(step_loss)
+    loss_value = step_loss.item()
+    if math.isfinite(loss_value):
+        if grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_value
