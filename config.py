@@ -119,6 +119,7 @@ class LoggerConfig:
     wandb: bool = False  # also log to Weights & Biases
     wandb_project: str = "attnlab"
     wandb_run_name: str | None = None  # None: the out_dir's name
+    wandb_group: str | None = None  # runs shown together; None: a sweep's jobs share its out_dir's name
     wandb_mode: str = "online"  # online | offline | disabled
 
     def __post_init__(self):

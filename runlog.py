@@ -33,7 +33,8 @@ class RunLog:
         if cfg.logger.wandb:
             import wandb  # optional dependency
             self.wandb = wandb.init(project=cfg.logger.wandb_project, config=asdict(cfg), dir=str(self.out_dir),
-                                    name=cfg.logger.wandb_run_name or self.out_dir.name, mode=cfg.logger.wandb_mode)
+                                    name=cfg.logger.wandb_run_name or self.out_dir.name, mode=cfg.logger.wandb_mode,
+                                    group=cfg.logger.wandb_group)
 
     def print(self, text):
         if self.enabled:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -261,7 +262,8 @@ def wrap(model, cfg, procs):
 
 
 def evaluate(model, state, splits, cfg, meta, amp, run_log, seconds, finished):
-    """Log train and val losses (the whole val split at the end, with final_eval=full); a new best saves best.pt."""
+    """Log train and val losses (the whole val split at the end, with final_eval=full); a new best saves best.pt.
+    Returns the val loss."""
     losses = estimate_loss(model, splits, cfg, next(state.model.parameters()).device, amp,
                            full_val=finished and cfg.train.final_eval == "full")
     run_log.log("eval", state.iter, state.elapsed_s, train_loss=losses["train"], val_loss=losses["val"],
@@ -270,6 +272,7 @@ def evaluate(model, state, splits, cfg, meta, amp, run_log, seconds, finished):
     if losses["val"] < state.best_val_loss:
         state.best_val_loss = losses["val"]
         state.save(Path(cfg.out_dir) / "best.pt", cfg, meta)
+    return losses["val"]
 
 
 def stop(state, cfg, meta, procs, signum, ckpt_path):
@@ -306,7 +309,7 @@ def train(cfg: Config, clock=time.time):
     flops_per_token = state.model.flops_per_token() if peak else 0
     ckpt_interval = cfg.train.checkpoint_interval or cfg.train.eval_interval
     t_zero, t_last = clock() - state.elapsed_s, clock()  # t_zero: when training would have begun, earlier runs included
-    finished = False
+    finished, val_loss = False, None
     try:
         with StopSignals() as signals:
             while True:
@@ -315,7 +318,7 @@ def train(cfg: Config, clock=time.time):
                 finished = state.iter == cfg.train.max_iters or 0 < cfg.train.time_budget_s <= seconds
                 resumed_here = ckpt is not None and state.iter == start_iter  # the killed run evaluated here
                 if procs.master and not resumed_here and (state.iter % cfg.train.eval_interval == 0 or finished):
-                    evaluate(eval_model, state, splits, cfg, meta, amp, run_log, seconds, finished)
+                    val_loss = evaluate(eval_model, state, splits, cfg, meta, amp, run_log, seconds, finished)
                 if procs.master and (finished or state.iter % ckpt_interval == 0 and state.iter != start_iter):
                     state.save(ckpt_path, cfg, meta)
                 if finished or procs.any(bool(signals.received)):
@@ -352,15 +355,19 @@ def train(cfg: Config, clock=time.time):
                   f"in {cfg.out_dir}")
     if procs.distributed:
         dist.destroy_process_group()
-    return {"iters": state.iter, "best_val_loss": state.best_val_loss, "skipped_steps": state.skipped_steps,
-            "out_dir": cfg.out_dir}
+    return {"iters": state.iter, "val_loss": val_loss, "best_val_loss": state.best_val_loss,
+            "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(dict_cfg):
-    dict_cfg.out_dir = HydraConfig.get().runtime.output_dir  # a sweep job's own folder under out_dir
+    """The command line; returns the run's last val loss, which a Hydra sweeper (Optuna's) minimises."""
+    hydra_cfg = HydraConfig.get()
+    dict_cfg.out_dir = hydra_cfg.runtime.output_dir  # a sweep job's own folder under out_dir
+    if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.wandb_group is None:
+        dict_cfg.logger.wandb_group = Path(hydra_cfg.sweep.dir).name  # a sweep's jobs side by side in wandb
     try:
-        train(OmegaConf.to_object(dict_cfg))
+        return train(OmegaConf.to_object(dict_cfg))["val_loss"]
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -18,9 +18,9 @@ import checkpoint
 from checkpoint import FORMAT, build_model, load_checkpoint, load_model, save_checkpoint
 from config import ModelConfig
 from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_script
-from runlog import read_metrics
 from model import GPT
 from rnn import RNN
+from runlog import read_metrics
 from train import train
 
 FIXTURE = REPO / "tests" / "fixtures" / "v0"  # README.md there says how ckpt_iter10.pt was made

@@ -13,10 +13,10 @@ import compare
 from checkpoint import build_model
 from compare import (autograd_depth, induction_batch, max_hops, recall_batch, rnn_width, synthetic_models,
                      train_synthetic)
-from conftest import words_corpus
-from runlog import read_metrics
 from config import ModelConfig
+from conftest import words_corpus
 from model import GPT, KVCache
+from runlog import read_metrics
 
 
 @settings(max_examples=25, deadline=None)

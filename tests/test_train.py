@@ -1,6 +1,8 @@
 """train.py end to end on tiny models: the CLI and the files of a run, exact resume (GPT, Muon, GRU), gradient
 accumulation, sweeps, wandb offline, the time budget on an injected clock, MFU for an RNN, the full val loss."""
 import json
+import sys
+import types
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,9 +15,9 @@ import train as train_module
 from checkpoint import load_checkpoint, load_model
 from config import ModelConfig
 from conftest import TINY, FakeClock, data_overrides, run_script, tiny_config
-from runlog import read_metrics
 from data.corpus import load_split
 from model import GPT, GPTConfig
+from runlog import read_metrics
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,12 +99,32 @@ def test_get_batch_targets_are_inputs_shifted_by_one():
 
 
 @pytest.mark.slow
-def test_sweep_gives_each_job_its_own_out_dir(tmp_path):
+def test_sweep_gives_each_job_its_own_out_dir_and_one_wandb_group(tmp_path):
     result = run_script("train.py", "-m", *TINY, "model.n_layer=1,2", *data_overrides(tmp_path),
                         f"out_dir={tmp_path / 'sweep'}")
     assert result.returncode == 0, result.stderr
     for job, n_layer in (("0", 1), ("1", 2)):
         assert load_checkpoint(tmp_path / "sweep" / job / "ckpt.pt")["model_config"]["n_layer"] == n_layer
+        receipt = json.loads((tmp_path / "sweep" / job / "config.json").read_text())
+        assert receipt["config"]["logger"]["wandb_group"] == "sweep"  # the sweep's folder names the group
+
+
+def test_wandb_gets_the_group_the_config_names(tmp_path, monkeypatch):
+    calls = []
+
+    class FakeRun:
+        def log(self, *args, **kwargs):
+            pass
+
+        def finish(self, exit_code):
+            calls.append(("finish", exit_code))
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(tmp_path, max_iters=2, eval_interval=2)
+    train(replace(cfg, logger=replace(cfg.logger, wandb=True, wandb_group="lr-search")))
+    assert calls[0][0] == "init" and calls[0][1]["group"] == "lr-search" and calls[-1] == ("finish", 0)
 
 
 @pytest.mark.slow
