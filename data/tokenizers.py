@@ -1,14 +1,17 @@
 """Tokenizers: characters (the vocabulary of the corpus) and GPT-2's byte-level BPE (through tiktoken).
 
-A prepared corpus names its tokenizer in meta.json (`spec()`); `load_tokenizer(meta)` rebuilds it for sampling.
+A prepared corpus names its tokenizer in meta.json (`spec()`); `load_tokenizer(meta)` rebuilds it for sampling and
+evaluation; `token_bytes(ids)` gives each token's length in UTF-8 bytes, for bits per byte.
 """
 import base64
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex, as get_encoding("gpt2") uses
 
 GPT2_EOT = 50256  # <|endoftext|>, the last id of the GPT-2 BPE
+MISSING_LISTED = 20  # characters named in the error for a text outside a char vocabulary (a file may hold many)
 
 
 class CharTokenizer:
@@ -19,16 +22,23 @@ class CharTokenizer:
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.vocab_size = len(self.chars)
 
-    def encode(self, text):
+    def encode(self, text, name="the text"):
+        """Token ids of text; a character outside the vocabulary is an error naming `name` (the prompt, a file)."""
         try:
             return [self.stoi[c] for c in text]
         except KeyError:
-            missing = ", ".join(repr(c) for c in sorted(set(text) - self.stoi.keys()))
-            raise ValueError(f"prompt has characters the model's vocabulary lacks: {missing}; remove them or train "
-                             f"on a corpus that has them") from None
+            missing = sorted(set(text) - self.stoi.keys())
+            listed = ", ".join(repr(c) for c in missing[:MISSING_LISTED])
+            more = f" and {len(missing) - MISSING_LISTED} more" if len(missing) > MISSING_LISTED else ""
+            raise ValueError(f"{name} has characters the model's vocabulary lacks: {listed}{more}; remove them or "
+                             f"train on a corpus that has them") from None
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
+
+    def token_bytes(self, ids):
+        """The UTF-8 length of each token of ids (an array): what bits per byte divide by."""
+        return np.array([len(c.encode("utf-8")) for c in self.chars], dtype=np.int64)[np.asarray(ids)]
 
     def spec(self):
         return {"type": "char", "chars": self.chars}
@@ -54,11 +64,18 @@ class GPT2Tokenizer:
         self.vocab_size = self.enc.n_vocab
         self.eot_token = self.enc.eot_token  # sample.py stops a sample here
 
-    def encode(self, text):
+    def encode(self, text, name="the text"):
+        """Token ids of text; name is CharTokenizer.encode's, unused: byte-level BPE encodes any text."""
         return self.enc.encode_ordinary(text)  # "<|endoftext|>" in a text is plain text, not the special token
 
     def decode(self, ids):
         return self.enc.decode([int(i) for i in ids])
+
+    def token_bytes(self, ids):
+        """The byte length of each token of ids (an array); a token may hold part of a UTF-8 character."""
+        distinct, where = np.unique(np.asarray(ids), return_inverse=True)
+        lengths = np.array([len(self.enc.decode_single_token_bytes(int(i))) for i in distinct], dtype=np.int64)
+        return lengths[where]
 
     def spec(self):
         return {"type": "gpt2", "bpe_file": self.bpe_file}
