@@ -441,7 +441,7 @@ def exp_induction(ctx):
         print(f"induction {name}: {curve[-1][0]} steps, test accuracy {results[name]['test']:.3f}")
     x, _, lengths = induction_batch(256, generator=torch.Generator().manual_seed(500))
     maps = results["gpt"]["model"].attention_maps(x.to(ctx.device))
-    rows, cols = [], []  # second-copy positions t and the position after the earlier copy of x_t
+    rows = []  # per sequence: second-copy positions t, the positions before them, and after the earlier copy
     for b, S in enumerate(lengths.tolist()):
         t = torch.arange(S, 2 * S - 1)  # the scored positions: inside the second copy
         rows.append((b, t, t - 1, t - S + 1))

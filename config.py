@@ -3,9 +3,10 @@ which ModelConfig extends, since model.py stays free of any config framework).
 
 Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
 value of the wrong type fails at start-up, in one line (`run_cli`); each dataclass checks its own values in
-`__post_init__`. `train.py` and `sample.py` receive plain dataclasses; `compose(...)` gives the same ones to
-scripts and tests.
+`__post_init__`. `train.py`, `sample.py` and `evaluate.py` receive plain dataclasses; `compose(...)` gives the
+same ones to scripts and tests.
 """
+import functools
 import os
 import sys
 from dataclasses import dataclass, field, fields
@@ -161,10 +162,28 @@ class SampleConfig(RuntimeConfig):
         check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
 
 
+@dataclass
+class EvalConfig(RuntimeConfig):
+    out_dir: str = "out"  # the training run to score
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    text: str | None = None  # a UTF-8 text file to score, every token of it
+    split: str | None = None  # or a split of the corpus the run trained on: val | train; neither given: val
+    batch_size: int = 16  # windows of block_size tokens scored at once; the result is the same up to rounding
+    json: bool = False  # print one JSON object, for scripts, instead of the readable block
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.split in (None, "val", "train"), f"split={self.split!r} is unknown; use val or train")
+        require(not (self.text and self.split), "pass text=FILE or split=val|train, not both")
+        require(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+
+
 def register_configs():
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="sample_schema", node=SampleConfig)
+    cs.store(name="evaluate_schema", node=EvalConfig)
 
 
 def compose(*overrides, config_name="config"):
@@ -188,6 +207,20 @@ def run_cli(hydra_main, help_script=None):
             raise
         print(f"error: {hydra_error_line(e, help_script or Path(sys.argv[0]).name)}", file=sys.stderr)
         sys.exit(2)
+
+
+def one_line_errors(task):
+    """For an entry point's task function: a mistake the program finds (ValueError; OSError, such as a missing file or
+    a full disk) ends it in one line, `error: ...`, and exit status 2. Caught inside the task, since Hydra adds lines
+    of its own to an error that leaves one."""
+    @functools.wraps(task)
+    def run(*args, **kwargs):
+        try:
+            return task(*args, **kwargs)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    return run
 
 
 def hydra_error_line(e, help_script):

@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from checkpoint import load_model
-from config import SampleConfig, register_configs, run_cli
+from config import SampleConfig, one_line_errors, register_configs, run_cli
 from data.tokenizers import GPT2Tokenizer, load_tokenizer
 from decode import generate_stream
 from hf import from_hf
@@ -26,7 +26,7 @@ register_configs()
 def encode_prompts(prompts, tokenizer, context_window, device):
     """Token ids (B, T), left-padded, and the mask of real tokens (or None when all have one length). A prompt may
     fill the model's context window (None: no limit)."""
-    encoded = [tokenizer.encode(p) for p in prompts]
+    encoded = [tokenizer.encode(p, name="the prompt") for p in prompts]
     for p, ids in zip(prompts, encoded):
         if not ids:
             raise ValueError("the prompt is empty; pass prompt=TEXT (a newline is a good neutral start)")
@@ -97,12 +97,9 @@ def quote_prompts(argv):
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+@one_line_errors
 def main(dict_cfg):
-    try:
-        sample(OmegaConf.to_object(dict_cfg))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    sample(OmegaConf.to_object(dict_cfg))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ steps: processes and device, data, model and optimizer (from scratch, from GPT-2
 import math
 import os
 import signal
-import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -28,11 +26,12 @@ from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from config import Config, ModelConfig, register_configs, run_cli
+from config import Config, ModelConfig, one_line_errors, register_configs, run_cli
 from data.corpus import load_meta, load_split, prepare
 from hf import pretrained_gpt2
 from runlog import RunLog
 from runtime import autocast, autocast_dtype, configure, peak_flops, pick_device, to_device
+from scoring import full_loss
 from training import get_lr, make_optimizer, set_lr, train_step
 
 register_configs()
@@ -216,31 +215,14 @@ def estimate_loss(model, splits, cfg, device, amp, full_val=False):
     return losses
 
 
-@torch.no_grad()
-def full_loss(model, data, batch_size, block_size, device, amp=nullcontext()):
-    """Mean loss over every token of data: consecutive non-overlapping blocks (the last one shorter), each token
-    predicted once from the tokens before it in its block, as in training."""
-    ids = torch.from_numpy(data.astype(np.int64))
-    n_blocks = (len(ids) - 1) // block_size
-    blocks = ids[:n_blocks * block_size + 1].unfold(0, block_size + 1, block_size)  # (n_blocks, T + 1)
-    batches = list(blocks.split(batch_size)) + [ids[n_blocks * block_size:][None]]  # the tail, (1, < T + 1)
-    total = 0.0
-    for batch in batches:
-        if batch.size(1) < 2:
-            continue
-        with amp:
-            loss = model(batch[:, :-1].to(device), batch[:, 1:].to(device))[1]
-        total += loss.item() * batch[:, 1:].numel()
-    return total / (len(ids) - 1)
-
-
 class StopSignals:
-    """SIGINT and SIGTERM, recorded instead of raised while the loop runs, so it stops at a step boundary."""
+    """SIGINT, SIGTERM and SIGUSR1 (Slurm's and submitit's warning before a time limit), recorded instead of raised
+    while the loop runs, so it stops at a step boundary with a checkpoint."""
 
     def __enter__(self):
         self.received = []
         self.handlers = {s: signal.signal(s, lambda signum, _: self.received.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
+                         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         return self
 
     def __exit__(self, *exc):
@@ -300,9 +282,9 @@ def train(cfg: Config, clock=time.time):
     ckpt_path, start_iter = Path(cfg.out_dir) / "ckpt.pt", state.iter
     run_log = RunLog(cfg, procs, start_iter)
     run_log.print(f"{cfg.model.type}: {state.model.num_params() / 1e6:.2f}M parameters | data {cfg.data.name} "
-                  f"({meta['vocab_size']} tokens vocab, {len(splits['train']):,} train tokens) | device {procs.device}, "
-                  f"{procs.world_size} process(es), {dtype or torch.float32} | {grad_accum} micro-step(s) of "
-                  f"{tokens_per_micro:,} tokens per step")
+                  f"({meta['vocab_size']} tokens vocab, {len(splits['train']):,} train tokens) | device "
+                  f"{procs.device}, {procs.world_size} process(es), {dtype or torch.float32} | {grad_accum} "
+                  f"micro-step(s) of {tokens_per_micro:,} tokens per step")
     if ckpt is not None:
         run_log.print(f"resuming from {ckpt_path} at iter {start_iter}")
     peak = peak_flops(procs.device)
@@ -360,17 +342,14 @@ def train(cfg: Config, clock=time.time):
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
+@one_line_errors
 def main(dict_cfg):
     """The command line; returns the run's last val loss, which a Hydra sweeper (Optuna's) minimises."""
     hydra_cfg = HydraConfig.get()
     dict_cfg.out_dir = hydra_cfg.runtime.output_dir  # a sweep job's own folder under out_dir
     if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.wandb_group is None:
         dict_cfg.logger.wandb_group = Path(hydra_cfg.sweep.dir).name  # a sweep's jobs side by side in wandb
-    try:
-        return train(OmegaConf.to_object(dict_cfg))["val_loss"]
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    return train(OmegaConf.to_object(dict_cfg))["val_loss"]
 
 
 if __name__ == "__main__":

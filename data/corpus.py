@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from filelock import FileLock
 from tqdm import tqdm
 
 from config import DataConfig
@@ -40,11 +41,13 @@ def prepare(cfg: DataConfig, block_size: int) -> Path:
     folder = Path(cfg.dir) / f"{cfg.name}-{cfg.tokenizer}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
     fingerprint = _fingerprint(files) if files else source
     bpe_file = str(Path(cfg.bpe_file).resolve()) if cfg.tokenizer == "gpt2" and cfg.bpe_file else None
-    meta = load_meta(folder) if (folder / "meta.json").exists() else {}
-    current = (meta.get("fingerprint") == fingerprint and meta.get("val_fraction") == cfg.val_fraction
-               and meta["tokenizer"].get("bpe_file") == bpe_file)
-    if not current:
-        meta = _build(cfg, folder, source, files, fingerprint)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):  # sweep jobs starting together: one prepares, the others wait and reuse it
+        meta = load_meta(folder) if (folder / "meta.json").exists() else {}
+        current = (meta.get("fingerprint") == fingerprint and meta.get("val_fraction") == cfg.val_fraction
+                   and meta["tokenizer"].get("bpe_file") == bpe_file)
+        if not current:
+            meta = _build(cfg, folder, source, files, fingerprint)
     for split in ("train", "val"):
         n = meta[f"{split}_tokens"]
         if n < block_size + 1:
@@ -92,7 +95,7 @@ def _build(cfg, folder, source, files, fingerprint):
         text, used = _read_stdlib(files)
         extra = {"python_version": platform.python_version(), "files": used}
     elif files:
-        texts = [_decode(p.read_bytes(), str(p)) for p in files]
+        texts = [decode_utf8(p.read_bytes(), str(p)) for p in files]
         text = "\n\n".join(texts)
         extra = {"files": len(files)}
     else:
@@ -127,7 +130,7 @@ def _read_stdlib(files):
     return "\n\n".join(parts), len(parts)
 
 
-def _decode(raw, where):
+def decode_utf8(raw, where):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -144,9 +147,9 @@ def _download(url, cache):
         except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors
             raise ValueError(f"could not download {url} ({getattr(e, 'reason', e)}); download it yourself and pass "
                              f"data.path=FILE") from None
-        _decode(raw, url)
+        decode_utf8(raw, url)
         _replace(cache, lambda tmp: tmp.write_bytes(raw))
-    return _decode(cache.read_bytes(), str(cache))
+    return decode_utf8(cache.read_bytes(), str(cache))
 
 
 # A newline between two non-space characters ends one GPT-2 pre-token and starts the next, so cutting the text

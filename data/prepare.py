@@ -5,17 +5,14 @@
 """
 import sys
 
-from config import compose, run_cli
+from config import compose, one_line_errors, run_cli
 from data.corpus import load_meta, prepare
 
 
+@one_line_errors
 def main():
-    try:
-        cfg = compose(*sys.argv[1:])
-        folder = prepare(cfg.data, cfg.model.block_size)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    cfg = compose(*sys.argv[1:])
+    folder = prepare(cfg.data, cfg.model.block_size)
     meta = load_meta(folder)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens, "
           f"vocab_size={meta['vocab_size']}")

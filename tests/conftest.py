@@ -1,6 +1,5 @@
 """Shared helpers: tiny overrides, small corpora, a script runner, config composition, one tiny trained run."""
 import base64
-import json
 import os
 import random
 import subprocess

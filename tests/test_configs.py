@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, LoggerConfig, ModelConfig, SampleConfig,
+from config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, LoggerConfig, ModelConfig, SampleConfig,
                     TrainConfig, compose, register_configs)
 from hf import GPT2_ARCH, gpt2_config_problems
 from model import GPTConfig
@@ -23,6 +23,8 @@ HYDRA_GROUPS = Path(hydra.__file__).parent / "conf" / "hydra"  # hydra/job_loggi
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_validates(preset):
+    if preset.startswith("hparams_search="):  # Optuna's sweeper: the optional requirements-sweeps.txt
+        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     assert isinstance(compose(preset), Config)
 
 
@@ -61,7 +63,8 @@ NUMBERS = {int: INTS, float: FLOATS, int | None: st.none() | INTS, float | None:
 
 
 # (schema, fixed arguments): ModelConfig once for each model type
-CASES = [(GPTConfig, {}), (RNNConfig, {"type": "lstm", "tie_weights": False}), *[(ModelConfig, {"type": t}) for t in MODEL_TYPES], (TrainConfig, {}),
+CASES = [(GPTConfig, {}), (RNNConfig, {"type": "lstm", "tie_weights": False}),
+         *[(ModelConfig, {"type": t}) for t in MODEL_TYPES], (TrainConfig, {}), (EvalConfig, {}),
          (DataConfig, {}), (LoggerConfig, {}), (SampleConfig, {})]
 
 
@@ -81,7 +84,7 @@ def test_any_numbers_construct_or_raise_a_value_error(schema, fixed, data):
         assert str(e) and "\n" not in str(e)
 
 
-@pytest.mark.parametrize("root", ["config", "sample"])
+@pytest.mark.parametrize("root", ["config", "sample", "evaluate"])
 def test_every_default_names_a_schema_or_an_existing_group(root):
     register_configs()
     schemas = {name.removesuffix(".yaml") for name in ConfigStore.instance().list("")}

@@ -1,6 +1,7 @@
 """data/corpus.py: preparing and reusing corpora, and the one-line errors (data/tokenizers.py has its own
 tests/test_tokenizers.py). Offline, seconds."""
 import io
+import multiprocessing
 import platform
 import sys
 import urllib.error
@@ -215,3 +216,17 @@ def test_prepare_command(tmp_path, monkeypatch, capsys):
                                       "model.block_size=16"])
     prepare_main()
     assert "900 train and 100 validation tokens, vocab_size=10" in capsys.readouterr().out
+
+
+def prepare_in_a_process(args):
+    corpus_path, data_dir = args
+    return str(prepare(DataConfig(name="text", path=corpus_path, dir=data_dir), block_size=8))
+
+
+def test_processes_preparing_one_corpus_at_once_agree_and_build_it_once(tmp_path):
+    """Sweep jobs that start together: one builds the folder under a lock, the others wait for it and reuse it."""
+    path = str(write(tmp_path / "a.txt", corpus_text(20000)))
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        folders = pool.map(prepare_in_a_process, [(path, str(tmp_path / "prepared"))] * 3)
+    assert len(set(folders)) == 1
+    assert load_meta(folders[0])["train_tokens"] + load_meta(folders[0])["val_tokens"] == 20000

@@ -134,7 +134,7 @@ def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
 def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path, signum):
     out_dir = tmp_path / "run"
     log_file = tmp_path / "train.log"

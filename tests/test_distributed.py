@@ -1,5 +1,6 @@
 """Two processes (torchrun, gloo on CPU) train like one: one out_dir, one checkpoint, the same parameters on every
 rank, the losses and weights of a single process with the same global batch, and an exact resume. Tiny models."""
+import json
 import re
 
 import pytest
@@ -37,7 +38,8 @@ def test_two_processes_train_like_one_with_the_same_global_batch_and_resume(tmp_
     first = torchrun("train.py", *args, "train.max_iters=4", f"out_dir={ddp}")  # the CLI, 2 x 1 micro-step
     assert "2 process(es)" in first and "1 micro-step(s)" in first
     assert sorted(p.name for p in ddp.iterdir()) == [".hydra", "best.pt", "ckpt.pt", "config.json", "loss.png",
-                                                    "metrics.jsonl"]  # rank 0 alone writes: one of each
+                                                    "metrics.jsonl", "status.json"]  # rank 0 alone writes: one of each
+    assert json.loads((ddp / "status.json").read_text())["status"] == "finished"
     resumed = torchrun("-m", "tests.ddp_driver", *args, "train.max_iters=8", "train.resume=true", f"out_dir={ddp}")
     assert f"resuming from {ddp / 'ckpt.pt'} at iter 4" in resumed
     digests = dict(re.findall(r"rank (\d) parameter sha256: (\w+)", resumed))
