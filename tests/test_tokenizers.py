@@ -1,14 +1,30 @@
-"""data/tokenizers.py: characters and GPT-2's BPE round trip text, name what they cannot encode, and rebuild from a
-meta.json spec. Offline (a tiny ranks file; GPT-2's own where ../shared/data has it), seconds."""
+"""data/tokenizers.py: characters, GPT-2's BPE and a BPE trained here round trip text, name what they cannot encode,
+and rebuild from a meta.json spec; the trained BPE is deterministic and its ranks file is one tiktoken's own loader
+reads. Offline (a tiny ranks file, a BPE trained on CORPUS; GPT-2's own where ../shared/data has it), seconds."""
+import json
+
 import pytest
-from hypothesis import given, settings
+import tiktoken
+import tiktoken.load
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import data.tokenizers as tokenizers
-from conftest import SHARED_DATA
-from data.tokenizers import GPT2_EOT, CharTokenizer, GPT2Tokenizer, load_tokenizer
+from conftest import CORPUS, SHARED_DATA
+from data.tokenizers import EOT, GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 GPT2_FILE = SHARED_DATA / "gpt2.tiktoken"
+BPE_VOCAB = 400  # 256 bytes, 143 merges and <|endoftext|>: CORPUS (ASCII code, 15 KB) has pairs enough for them
+
+
+def corpus_lines():
+    """CORPUS line by line, as a generator: train must stream its texts, never needing a list."""
+    yield from CORPUS.splitlines(keepends=True)
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    return BPETokenizer.train(corpus_lines(), BPE_VOCAB)
 
 
 @given(st.text(min_size=1), st.data())
@@ -58,7 +74,7 @@ def test_a_spec_rebuilds_the_same_tokenizer(tiny_bpe, make):
 
 
 def test_an_unknown_spec_is_named():
-    with pytest.raises(ValueError, match="tokenizer 'sentencepiece' is unknown; use char or gpt2"):
+    with pytest.raises(ValueError, match="tokenizer 'sentencepiece' is unknown; use char, gpt2 or bpe"):
         load_tokenizer({"tokenizer": {"type": "sentencepiece"}})
 
 
@@ -82,3 +98,75 @@ def test_a_bad_bpe_file_is_named(tmp_path, contents, error, message):
     with pytest.raises(error, match=message) as info:
         GPT2Tokenizer(path)
     assert "\n" not in str(info.value)
+
+
+def test_bpe_vocabulary_ends_with_end_of_text(bpe):
+    assert bpe.vocab_size == BPE_VOCAB and bpe.eot_token == BPE_VOCAB - 1
+    assert bpe.enc.decode_single_token_bytes(bpe.eot_token) == EOT.encode()
+    ids = bpe.encode("a<|endoftext|>b")  # plain text, as on GPT-2's path
+    assert bpe.eot_token not in ids and bpe.decode(ids) == "a<|endoftext|>b"
+
+
+@settings(max_examples=200)
+@given(st.text())
+@example("naïve café, 漢字 and 🦀\r\n\t")  # characters that CORPUS (ASCII) never shows
+def test_bpe_round_trip(bpe, text):
+    ids = bpe.encode(text)
+    assert bpe.decode(ids) == text and bpe.token_bytes(ids).sum() == len(text.encode())
+
+
+def test_bpe_compresses_its_corpus(bpe):
+    ids = bpe.encode(CORPUS)
+    assert len(ids) < len(CORPUS.encode()) and max(ids) < bpe.eot_token
+    assert bpe.token_bytes(ids).sum() == len(CORPUS.encode())
+
+
+def test_bpe_training_is_deterministic(bpe):
+    again = BPETokenizer.train(corpus_lines(), BPE_VOCAB)
+    assert again.ranks_text == bpe.ranks_text and again.pattern == bpe.pattern
+
+
+def test_bpe_training_streams_a_generator():
+    read = []
+
+    def lines():
+        for line in corpus_lines():
+            read.append(line)
+            yield line
+
+    tok = BPETokenizer.train(lines(), BPE_VOCAB)
+    assert "".join(read) == CORPUS and tok.vocab_size == BPE_VOCAB
+
+
+def test_bpe_saves_a_file_tiktoken_loads(bpe, tmp_path, monkeypatch):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # tiktoken's loader would otherwise keep a copy in its cache
+    bpe.save(tmp_path / "bpe.tiktoken")
+    ranks = tiktoken.load.load_tiktoken_bpe(str(tmp_path / "bpe.tiktoken"))
+    assert ranks == {bpe.enc.decode_single_token_bytes(i): i for i in range(bpe.eot_token)}
+    enc = tiktoken.Encoding("loaded", pat_str=bpe.pattern, mergeable_ranks=ranks, special_tokens={EOT: bpe.eot_token})
+    for text in (CORPUS, "naïve café, 漢字 and 🦀 <|endoftext|>"):
+        assert enc.encode_ordinary(text) == bpe.encode(text)
+
+
+def test_bpe_spec_rebuilds_it_through_json(bpe):
+    spec = json.loads(json.dumps(bpe.spec()))  # meta.json; checkpoints need plain str and int too
+    assert spec["type"] == "bpe" and spec["vocab_size"] == BPE_VOCAB
+    assert all(isinstance(value, (str, int)) for value in spec.values())
+    rebuilt = load_tokenizer({"tokenizer": spec})
+    assert rebuilt.vocab_size == BPE_VOCAB and rebuilt.eot_token == bpe.eot_token
+    assert rebuilt.encode(CORPUS) == bpe.encode(CORPUS)
+
+
+@pytest.mark.parametrize("vocab_size, message", [
+    (257, r"^data.bpe_vocab_size=257 is too small; use at least 258 \(256 bytes, a merge and <\|endoftext\|>\)$"),
+    (300, r"^data.bpe_vocab_size=300 is more than the corpus can fill: it has only 2 merges to learn; use at most "
+          r"259$"),
+])
+def test_bpe_impossible_vocab_size_is_one_line(vocab_size, message):
+    with pytest.raises(ValueError, match=message):
+        BPETokenizer.train(iter(["abc"]), vocab_size)  # two merges: (a, b), then (ab, c)
+
+
+def test_end_of_text_covers_no_bytes(tiny_bpe, bpe):
+    for tok in (GPT2Tokenizer(tiny_bpe), bpe):
+        assert tok.token_bytes([tok.eot_token, ord("a")]).tolist() == [0, 1]
