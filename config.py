@@ -25,7 +25,7 @@ from rnn import RNNConfig
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 MODEL_TYPES = ("gpt", "lstm", "gru")
 CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "gpt2", "bpe")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -46,10 +46,13 @@ class ModelConfig(GPTConfig):
 @dataclass
 class DataConfig:
     name: str = "stdlib"  # the corpus: stdlib (built in) | shakespeare_char | shakespeare | text
-    path: str | None = None  # a local UTF-8 text file or folder of .txt/.md files (instead of downloading)
+    path: str | None = None  # a local UTF-8 text file, or a folder of .txt/.md/.jsonl/.jsonl.gz/.parquet documents
     url: str | None = None  # where a downloadable corpus comes from
-    tokenizer: str = "char"  # char (vocabulary from the corpus) | gpt2 (BPE through tiktoken)
+    tokenizer: str = "char"  # char (vocabulary from the corpus) | gpt2 (GPT-2's BPE) | bpe (a BPE of the corpus's own)
     bpe_file: str | None = None  # a local gpt2.tiktoken ranks file, for the gpt2 tokenizer offline
+    bpe_vocab_size: int = 4096  # tokenizer=bpe: its vocabulary (256 bytes, merges, end-of-text); 4096 to 65536 typical
+    text_field: str = "text"  # the key of a .jsonl record, or the column of a .parquet file, that holds a document
+    num_proc: int = 0  # worker processes tokenizing the corpus; 0 means one per CPU core
     val_fraction: float = 0.1  # the last 10% of the token stream is the validation split
     dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>-<source hash>/
 
@@ -58,6 +61,9 @@ class DataConfig:
         require(self.tokenizer in TOKENIZERS,
                 f"data.tokenizer={self.tokenizer!r} is unknown; use one of {', '.join(TOKENIZERS)}")
         require(0 < self.val_fraction < 1, f"data.val_fraction={self.val_fraction} must be between 0 and 1, e.g. 0.1")
+        require(self.num_proc >= 0, f"data.num_proc={self.num_proc} must be >= 0 (0: one per CPU core)")
+        require(self.bpe_vocab_size >= 258, f"data.bpe_vocab_size={self.bpe_vocab_size} must be at least 258 (256 "
+                                            f"bytes, a merge and end-of-text), e.g. 4096")
         require(self.name != "stdlib" or not (self.path or self.url),
                 "data=stdlib reads the Python standard library, not data.path or data.url; add data=text to train "
                 "on your own text")

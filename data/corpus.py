@@ -1,30 +1,48 @@
 """Corpora: tokenize one once into a folder holding train.bin, val.bin (token ids) and meta.json, and read it back.
 
 Corpora (presets in configs/data/): stdlib, the running Python's standard library source (no network; the default);
-shakespeare_char and shakespeare, tiny Shakespeare with characters or GPT-2 BPE tokens; text, your own UTF-8 file
-or folder of .txt/.md files. train.py calls prepare() itself; `python -m data.prepare` prepares ahead of training.
-A folder is reused until its source changes (size or modification time of a file, the URL, the Python install).
+shakespeare_char and shakespeare, tiny Shakespeare with characters or GPT-2 BPE tokens; text, your own UTF-8 file or
+folder of documents: .txt and .md files (a file is a document), .jsonl and .jsonl.gz (a record's data.text_field is a
+document) and .parquet (a row's data.text_field column, the form FineWeb and OpenWebText dumps come in).
+train.py calls prepare() itself; `python -m data.prepare` prepares ahead of training.
+
+Preparation streams, so memory stays bounded whatever the corpus's size: documents are read a piece at a time,
+tokenized in order by data.num_proc worker processes, and written to disk as they come. With a BPE each document ends
+with <|endoftext|>, so a batch can start at a document; with characters a blank line separates documents. The last
+val_fraction of the token stream is the validation split. meta.json is written last: a killed preparation leaves a
+folder that is rebuilt, never reused. A folder is reused until its source changes (size or modification time of a
+file, the URL, the Python install) or a setting that shapes its tokens does.
 """
+import codecs
+import gzip
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
-import re
+import shutil
 import sysconfig
 import urllib.request
+from collections import deque
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 from filelock import FileLock
 from tqdm import tqdm
 
 from config import DataConfig
-from data.tokenizers import CharTokenizer, GPT2Tokenizer
+from data.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
-TEXT_SUFFIXES = (".txt", ".md")
+DOCUMENT_SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet")
 STDLIB_BYTES = 3_500_000  # enough for ~5 minutes of char-level training on 2 CPU cores without much overfitting
 DOWNLOAD_TIMEOUT_S = 30
-PIECE_CHARS = 1 << 20  # tokenize this many characters at a time, so large corpora get a progress bar
+READ_BYTES = 1 << 20  # a text file is read this much at a time
+TASK_CHARS = 1 << 20  # a worker tokenizes about this many characters at a time
+MAX_PIECE_CHARS = 1 << 26  # a text with no safe cut (below) in this many characters is cut anyway
+TASKS_AHEAD = 4  # tasks queued per worker: enough to keep each busy, few enough to bound memory
+BPE_TRAIN_BYTES = 1 << 30  # tokenizer=bpe learns its merges from at most this much of the training text
+DOCUMENT_SEPARATOR = "\n\n"  # between documents, with a tokenizer that has no end-of-text token
 
 
 def load_meta(folder) -> dict:
@@ -38,16 +56,16 @@ def load_split(folder, split) -> np.memmap:
 def prepare(cfg: DataConfig, block_size: int) -> Path:
     """Tokenize the corpus into Path(cfg.dir)/<name>-<tokenizer>-<source hash> once; reuse it while it is current."""
     source, files = _locate(cfg)
-    folder = Path(cfg.dir) / f"{cfg.name}-{cfg.tokenizer}-{hashlib.sha256(source.encode()).hexdigest()[:8]}"
-    fingerprint = _fingerprint(files) if files else source
-    bpe_file = str(Path(cfg.bpe_file).resolve()) if cfg.tokenizer == "gpt2" and cfg.bpe_file else None
+    identity = source + (f"|bpe_vocab_size={cfg.bpe_vocab_size}" if cfg.tokenizer == "bpe" else "")
+    folder = Path(cfg.dir) / f"{cfg.name}-{cfg.tokenizer}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+    settings = {"fingerprint": _fingerprint(files) if files else source, "val_fraction": cfg.val_fraction,
+                "text_field": cfg.text_field,
+                "bpe_file": str(Path(cfg.bpe_file).resolve()) if cfg.tokenizer == "gpt2" and cfg.bpe_file else None}
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{folder}.lock"):  # sweep jobs starting together: one prepares, the others wait and reuse it
         meta = load_meta(folder) if (folder / "meta.json").exists() else {}
-        current = (meta.get("fingerprint") == fingerprint and meta.get("val_fraction") == cfg.val_fraction
-                   and meta["tokenizer"].get("bpe_file") == bpe_file)
-        if not current:
-            meta = _build(cfg, folder, source, files, fingerprint)
+        if meta.get("settings") != settings:
+            meta = _build(cfg, folder, source, files, settings)
     for split in ("train", "val"):
         n = meta[f"{split}_tokens"]
         if n < block_size + 1:
@@ -69,17 +87,17 @@ def _locate(cfg):
         path = Path(cfg.path).expanduser().resolve()
         if not path.exists():
             raise FileNotFoundError(f"data.path={cfg.path} does not exist; pass data.path=FILE or a folder of "
-                                    f".txt/.md files")
+                                    f"documents")
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*")
-                                                      if p.suffix in TEXT_SUFFIXES and p.is_file())
+                                                      if p.name.endswith(DOCUMENT_SUFFIXES) and p.is_file())
         if not files:
-            raise ValueError(f"data.path={cfg.path} holds no .txt or .md files; pass data.path=FILE or a folder "
-                             f"of them")
+            raise ValueError(f"data.path={cfg.path} holds no {'/'.join(DOCUMENT_SUFFIXES)} files; pass "
+                             f"data.path=FILE or a folder of them")
         return str(path), files
     if cfg.url:
         return cfg.url, None
-    raise ValueError(f"data={cfg.name} needs a text: pass data.path=FILE (a UTF-8 text file or a folder of .txt/.md "
-                     f"files)")
+    raise ValueError(f"data={cfg.name} needs a text: pass data.path=FILE (a UTF-8 text file or a folder of "
+                     f"documents)")
 
 
 def _fingerprint(files):
@@ -87,47 +105,262 @@ def _fingerprint(files):
     return hashlib.sha256(stats.encode()).hexdigest()[:16]
 
 
-def _build(cfg, folder, source, files, fingerprint):
+def _build(cfg, folder, source, files, settings):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "meta.json").unlink(missing_ok=True)  # written last: a folder without it is never reused
-    extra = {}
-    if cfg.name == "stdlib":
-        text, used = _read_stdlib(files)
-        extra = {"python_version": platform.python_version(), "files": used}
-    elif files:
-        texts = [decode_utf8(p.read_bytes(), str(p)) for p in files]
-        text = "\n\n".join(texts)
-        extra = {"files": len(files)}
-    else:
-        text = _download(cfg.url, folder / "input.txt")
-    if not text.strip():
+    if files is None:
+        files = [_download(cfg.url, folder / "input.txt")]
+    corpus = Corpus(cfg, files)
+    tokenizer = _tokenizer(cfg, corpus)
+    counts = _tokenize(tokenizer, corpus, folder, cfg.val_fraction, _workers(cfg, corpus))
+    if not counts["text_bytes"] or not corpus.has_text:
         raise ValueError(f"corpus {cfg.name} from {source} holds no text; pass data.path= a file with some text")
-
-    tokenizer = CharTokenizer(sorted(set(text))) if cfg.tokenizer == "char" else GPT2Tokenizer(cfg.bpe_file)
-    ids = _tokenize(tokenizer, text)
-    n_train = len(ids) - int(len(ids) * cfg.val_fraction)  # the last val_fraction of the stream is validation
-    _replace(folder / "train.bin", ids[:n_train].tofile)
-    _replace(folder / "val.bin", ids[n_train:].tofile)
-    meta = {"name": cfg.name, "source": source, "fingerprint": fingerprint, "tokenizer": tokenizer.spec(),
-            "vocab_size": tokenizer.vocab_size, "dtype": ids.dtype.name, "val_fraction": cfg.val_fraction,
-            "train_tokens": n_train, "val_tokens": len(ids) - n_train, **extra}
+    extra = {"python_version": platform.python_version()} if cfg.name == "stdlib" else {}
+    meta = {"name": cfg.name, "source": source, "settings": settings, "fingerprint": settings["fingerprint"],
+            "tokenizer": tokenizer.spec(), "vocab_size": tokenizer.vocab_size,
+            "dtype": _token_dtype(tokenizer).__name__, "val_fraction": cfg.val_fraction, "files": len(files),
+            "documents": corpus.documents, **counts,
+            "bytes_per_token": round(counts["text_bytes"] / max(1, counts["text_tokens"]), 4), **extra}
     _replace(folder / "meta.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=1), encoding="utf-8"))
     return meta
 
 
-def _read_stdlib(files):
+class Corpus:
+    """The corpus as a stream of pieces of documents, read afresh on each pass: `pieces()` yields (text, last, bytes
+    read): last closes a document; bytes (of the source files) drive the progress bar."""
+
+    def __init__(self, cfg, files):
+        self.cfg, self.files = cfg, files
+        self.total_bytes = sum(p.stat().st_size for p in files)
+        self.documents, self.has_text = 0, False  # counted by the last pass
+
+    def pieces(self):
+        separator = "" if self.cfg.tokenizer != "char" else DOCUMENT_SEPARATOR
+        self.documents, self.has_text, first_piece = 0, False, True
+        for text, last, n_bytes in self._documents():
+            if first_piece and self.documents:
+                text = separator + text
+            self.has_text = self.has_text or not text.isspace() and bool(text)
+            first_piece = last
+            self.documents += last
+            yield text, last, n_bytes
+
+    def _documents(self):
+        if self.cfg.name == "stdlib":
+            yield from _stdlib_documents(self.files)
+            return
+        for path in self.files:
+            if path.name.endswith((".jsonl", ".jsonl.gz")):
+                yield from _jsonl_documents(path, self.cfg.text_field)
+            elif path.name.endswith(".parquet"):
+                yield from _parquet_documents(path, self.cfg.text_field)
+            else:
+                with open(path, "rb") as f:
+                    yield from _text_pieces(f, str(path), READ_BYTES)
+
+
+def _stdlib_documents(files):
     """Whole files in sorted order, up to STDLIB_BYTES, each under a comment naming it."""
-    parts, total = [], 0
+    total = 0
     for p in files:
         raw = p.read_bytes()
         if not raw.isascii():  # keeps the vocabulary to ~100 characters: a character seen once cannot be learned
             continue
-        source = raw.decode("ascii")
-        total += len(source)
+        total += len(raw)
         if total > STDLIB_BYTES:
             break
-        parts.append(f"# {p.name}\n{source}")
-    return "\n\n".join(parts), len(parts)
+        yield f"# {p.name}\n{raw.decode('ascii')}", True, len(raw)
+
+
+def _last_cut(text):
+    """The index just after the last newline between two non-space characters in text, 0 if there is none. A GPT-2
+    pre-token ends at such a newline, so the text cut there tokenizes as the whole (tests/test_corpus.py)."""
+    end = len(text) - 1
+    while (i := text.rfind("\n", 0, end)) > 0:
+        if not text[i - 1].isspace() and not text[i + 1].isspace():
+            return i + 1
+        end = i
+    return 0
+
+
+def _text_pieces(f, where, read_bytes):
+    """A UTF-8 text (a binary file) as one document, in pieces that each end at a safe cut."""
+    decoder, buffer, offset, unreported = codecs.getincrementaldecoder("utf-8")(), "", 0, 0
+    while True:
+        raw = f.read(read_bytes)
+        pending = decoder.getstate()[0]  # the start of a character split across reads
+        try:
+            buffer += decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            position = offset - len(pending) + e.start
+            bad = (pending + raw)[e.start:e.start + 1]
+            raise ValueError(f"{where} is not UTF-8 (byte {position} is {bad!r}); convert it, e.g. iconv -f latin1 "
+                             f"-t utf-8, or leave it out") from None
+        offset, unreported = offset + len(raw), unreported + len(raw)
+        if not raw:
+            yield buffer, True, unreported
+            return
+        cut = _last_cut(buffer) or (len(buffer) if len(buffer) > MAX_PIECE_CHARS else 0)
+        if cut:
+            yield buffer[:cut], False, unreported
+            buffer, unreported = buffer[cut:], 0
+
+
+def _jsonl_documents(path, field):
+    """One document per line of a .jsonl or .jsonl.gz file: the line's JSON object's field."""
+    with open(path, "rb") as raw, (gzip.open(raw) if path.name.endswith(".gz") else raw) as lines:
+        position = 0
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:  # UnicodeDecodeError and JSONDecodeError
+                raise ValueError(f"{path} line {number} is not UTF-8 JSON ({e}); fix or remove that line") from None
+            text = record.get(field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(f"{path} line {number} has no text field {field!r} (it has: {keys}); pass "
+                                 f"data.text_field=KEY")
+            yield text, True, raw.tell() - position
+            position = raw.tell()
+
+
+def _parquet_documents(path, field, rows_per_batch=1024):
+    """One document per row of a .parquet file: the row's field column (rows with no text are skipped)."""
+    parquet = pq.ParquetFile(path)
+    if field not in parquet.schema_arrow.names:
+        raise ValueError(f"{path} has no column {field!r} (it has: {', '.join(parquet.schema_arrow.names)}); pass "
+                         f"data.text_field=COLUMN")
+    bytes_per_row = path.stat().st_size / max(1, parquet.metadata.num_rows)
+    for batch in parquet.iter_batches(batch_size=rows_per_batch, columns=[field]):
+        for text in batch.column(0).to_pylist():
+            if text:
+                yield text, True, bytes_per_row
+
+
+def _tokenizer(cfg, corpus):
+    """The corpus's tokenizer: GPT-2's; or learnt from the corpus in a first pass (its characters, or a BPE trained
+    on up to BPE_TRAIN_BYTES of the training text, the share before the validation split)."""
+    if cfg.tokenizer == "gpt2":
+        return GPT2Tokenizer(cfg.bpe_file)
+    with tqdm(total=corpus.total_bytes, desc=f"{cfg.tokenizer} vocabulary", unit="B", unit_scale=True,
+              disable=corpus.total_bytes < READ_BYTES) as bar:
+        def texts(limit=float("inf")):
+            seen = 0
+            for text, _, n_bytes in corpus.pieces():
+                bar.update(n_bytes)
+                seen += n_bytes
+                yield text
+                if seen >= limit:
+                    return
+        if cfg.tokenizer == "char":
+            chars = set()
+            for text in texts():
+                chars.update(text)
+            return CharTokenizer(sorted(chars))
+        return BPETokenizer.train(texts(min(BPE_TRAIN_BYTES, corpus.total_bytes * (1 - cfg.val_fraction))),
+                                  cfg.bpe_vocab_size)
+
+
+def _token_dtype(tokenizer):
+    return np.uint16 if tokenizer.vocab_size <= 2 ** 16 else np.uint32
+
+
+def _workers(cfg, corpus):
+    """Worker processes to tokenize with: data.num_proc or one per core; none for a corpus of one task, or inside a
+    daemonic process (a pool's worker), which may not start processes."""
+    if corpus.total_bytes <= TASK_CHARS or multiprocessing.current_process().daemon:
+        return 1
+    return cfg.num_proc or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+
+
+class _Encoder:
+    """Token ids of a task, a list of (text, last) pieces; a document's last piece gets the end-of-text token."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.dtype = tokenizer, _token_dtype(tokenizer)
+        self.eot = getattr(tokenizer, "eot_token", None)
+
+    def __call__(self, task):
+        ids, eots, n_bytes = [], 0, 0
+        for text, last in task:
+            ids += self.tokenizer.encode(text, name="the corpus")
+            n_bytes += len(text.encode("utf-8"))
+            if last and self.eot is not None:
+                ids.append(self.eot)
+                eots += 1
+        return np.array(ids, dtype=self.dtype), eots, n_bytes
+
+
+_worker_encoder = None
+
+
+def _start_worker(spec):
+    global _worker_encoder
+    _worker_encoder = _Encoder(load_tokenizer({"tokenizer": spec}))
+
+
+def _encode_in_worker(task):
+    return _worker_encoder(task)
+
+
+def _tasks(corpus, bar):
+    task, chars = [], 0
+    for text, last, n_bytes in corpus.pieces():
+        task.append((text, last))
+        chars += len(text)
+        bar.update(n_bytes)
+        if chars >= TASK_CHARS:
+            yield task
+            task, chars = [], 0
+    if task:
+        yield task
+
+
+def _encoded(tasks, tokenizer, num_proc):
+    """Each task's (ids, end-of-text tokens, text bytes), in order: in this process, or in num_proc workers with at
+    most TASKS_AHEAD tasks per worker in flight, so a large corpus never sits in memory."""
+    if num_proc <= 1:
+        yield from map(_Encoder(tokenizer), tasks)
+        return
+    with multiprocessing.Pool(num_proc, _start_worker, (tokenizer.spec(),)) as pool:
+        pending = deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_encode_in_worker, (task,)))
+            if len(pending) >= TASKS_AHEAD * num_proc:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _tokenize(tokenizer, corpus, folder, val_fraction, num_proc):
+    """Tokenize the corpus into folder's train.bin and val.bin (the last val_fraction of the stream); returns the
+    counts meta.json records."""
+    tmp = folder / f"tokens.{os.getpid()}.tmp"
+    n_tokens = eots = text_bytes = 0
+    try:
+        with open(tmp, "wb") as out, tqdm(total=corpus.total_bytes, desc="tokenizing", unit="B", unit_scale=True,
+                                          disable=corpus.total_bytes < READ_BYTES) as bar:
+            for ids, task_eots, task_bytes in _encoded(_tasks(corpus, bar), tokenizer, num_proc):
+                ids.tofile(out)
+                n_tokens, eots, text_bytes = n_tokens + len(ids), eots + task_eots, text_bytes + task_bytes
+        n_train = n_tokens - int(n_tokens * val_fraction)
+        itemsize = np.dtype(_token_dtype(tokenizer)).itemsize
+        with open(tmp, "rb") as tokens:
+            tokens.seek(n_train * itemsize)
+            _replace(folder / "val.bin", lambda path: _copy(tokens, path))
+        os.truncate(tmp, n_train * itemsize)
+        os.replace(tmp, folder / "train.bin")
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"train_tokens": n_train, "val_tokens": n_tokens - n_train, "text_tokens": n_tokens - eots,
+            "text_bytes": text_bytes}
+
+
+def _copy(source, path):
+    with open(path, "wb") as out:
+        shutil.copyfileobj(source, out)
 
 
 def decode_utf8(raw, where):
@@ -139,45 +372,23 @@ def decode_utf8(raw, where):
 
 
 def _download(url, cache):
+    """The file at url, fetched once into cache."""
     if not cache.exists():
         print(f"downloading {url}")
         try:
             with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
-                raw = response.read()
+                _replace(cache, lambda path: _copy(response, path))
         except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors
             raise ValueError(f"could not download {url} ({getattr(e, 'reason', e)}); download it yourself and pass "
                              f"data.path=FILE") from None
-        decode_utf8(raw, url)
-        _replace(cache, lambda tmp: tmp.write_bytes(raw))
-    return decode_utf8(cache.read_bytes(), str(cache))
-
-
-# A newline between two non-space characters ends one GPT-2 pre-token and starts the next, so cutting the text
-# just after it gives the same tokens as encoding the whole text at once (tests/test_data.py checks this).
-_CUT = re.compile(r"(?<=\S)\n(?=\S)")
-
-
-def _pieces(text, size=PIECE_CHARS):
-    start = 0
-    while start < len(text):
-        cut = _CUT.search(text, start + size)
-        end = cut.end() if cut else len(text)
-        yield text[start:end]
-        start = end
-
-
-def _tokenize(tokenizer, text):
-    dtype = np.uint16 if tokenizer.vocab_size < 2 ** 16 else np.uint32
-    chunks = []
-    with tqdm(total=len(text), desc="tokenizing", unit="char", unit_scale=True, disable=len(text) < PIECE_CHARS) as bar:
-        for piece in _pieces(text):
-            chunks.append(np.array(tokenizer.encode(piece), dtype=dtype))
-            bar.update(len(piece))
-    return np.concatenate(chunks)
+    return cache
 
 
 def _replace(path, write):
     """Write through a temporary file and rename it, so a killed prepare never leaves a torn file."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -2,6 +2,7 @@
 
     python -m data.prepare data=shakespeare_char
     python -m data.prepare data=text data.path=notes/
+    python -m data.prepare data=text data.path=/data/fineweb/ data.tokenizer=bpe data.bpe_vocab_size=16384
 """
 import sys
 
@@ -15,7 +16,7 @@ def main():
     folder = prepare(cfg.data, cfg.model.block_size)
     meta = load_meta(folder)
     print(f"{folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens, "
-          f"vocab_size={meta['vocab_size']}")
+          f"vocab_size={meta['vocab_size']}, {meta['documents']:,} documents, {meta['bytes_per_token']} bytes/token")
 
 
 if __name__ == "__main__":

@@ -83,8 +83,10 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_bpe(tmp_path_factory):
-    """A .tiktoken ranks file with every single byte plus three merges, so BPE round trips any text offline."""
+    """A .tiktoken ranks file with every single byte plus three merges, so BPE round trips any text offline, filled to
+    GPT-2's 50256 tokens with ones no merge reaches (0xff never occurs in UTF-8), so that every id decodes."""
     ranks = [bytes([b]) for b in range(256)] + [b"he", b"ll", b" w"]
+    ranks += [b"\xff\xff" + i.to_bytes(2, "big") for i in range(50256 - len(ranks))]
     path = tmp_path_factory.mktemp("bpe") / "tiny.tiktoken"
     path.write_text("".join(f"{base64.b64encode(token).decode()} {rank}\n" for rank, token in enumerate(ranks)))
     return path

@@ -16,7 +16,7 @@ from config import DataConfig
 from conftest import REPO, compose
 from data.corpus import load_meta, load_split, prepare
 from data.prepare import main as prepare_main
-from data.tokenizers import GPT2Tokenizer, load_tokenizer
+from data.tokenizers import BPETokenizer, GPT2Tokenizer, load_tokenizer
 
 URL = "https://example.com/input.txt"
 
@@ -41,22 +41,39 @@ def decoded(folder, split):
 
 # ---- tokenizing in pieces, and the tokenizer's record ----
 
+@pytest.fixture(scope="module")
+def bpes(tiny_bpe):
+    """A GPT-2 BPE (GPT-2's pre-tokenizer) and a BPE trained here (GPT-4's): the safe cuts must hold for both."""
+    return [GPT2Tokenizer(tiny_bpe), BPETokenizer.train(["ab ba\n1é. ab\n\tab" * 20], 264)]
+
+
 @settings(max_examples=200)
 @given(st.text(alphabet="ab \n\t\r'1é.", max_size=60), st.integers(1, 8))
-def test_pieces_tokenize_as_the_whole(tiny_bpe, text, size):
-    tok = GPT2Tokenizer(tiny_bpe)
-    pieces = list(corpus._pieces(text, size))
-    assert "".join(pieces) == text
-    assert [t for p in pieces for t in tok.encode(p)] == tok.encode(text)
+def test_a_text_read_in_pieces_tokenizes_as_the_whole(bpes, text, read_bytes):
+    pieces = list(corpus._text_pieces(io.BytesIO(text.encode()), "t.txt", read_bytes))
+    assert "".join(t for t, _, _ in pieces) == text and [last for _, last, _ in pieces][-1]
+    assert sum(n for _, _, n in pieces) == len(text.encode())
+    for tok in bpes:
+        assert [i for t, _, _ in pieces for i in tok.encode(t)] == tok.encode(text)
 
 
-def test_tokenizer_rebuilds_from_meta_alone(tmp_path, tiny_bpe):
-    for tokenizer in ("char", "gpt2"):
-        cfg = text_cfg(tmp_path, write(tmp_path / "a.txt", "hello world\n" * 50), tokenizer=tokenizer,
-                       bpe_file=str(tiny_bpe))
-        folder = prepare(cfg, block_size=8)
-        assert decoded(folder, "train") + decoded(folder, "val") == "hello world\n" * 50
-        assert load_split(folder, "train").dtype == np.uint16
+def test_a_character_split_across_reads_decodes_and_a_bad_byte_is_placed():
+    text = "é€" * 10
+    pieces = list(corpus._text_pieces(io.BytesIO(text.encode()), "t.txt", 1))
+    assert "".join(t for t, _, _ in pieces) == text
+    with pytest.raises(ValueError, match=r"^t.txt is not UTF-8 \(byte 4 is b'\\xe9'\); convert it"):
+        list(corpus._text_pieces(io.BytesIO(b"ab\xc3\xa9\xe9 ok"), "t.txt", 3))
+
+
+@pytest.mark.parametrize("tokenizer, ending", [("char", ""), ("gpt2", "<|endoftext|>"), ("bpe", "<|endoftext|>")])
+def test_tokenizer_rebuilds_from_meta_alone(tmp_path, tiny_bpe, tokenizer, ending):
+    cfg = text_cfg(tmp_path, write(tmp_path / "a.txt", "hello world\n" * 50), tokenizer=tokenizer,
+                   bpe_file=str(tiny_bpe), bpe_vocab_size=260)
+    folder = prepare(cfg, block_size=8)
+    assert decoded(folder, "train") + decoded(folder, "val") == "hello world\n" * 50 + ending
+    assert load_split(folder, "train").dtype == np.uint16
+    meta = load_meta(folder)
+    assert meta["text_bytes"] == 600 and meta["bytes_per_token"] == round(600 / meta["text_tokens"], 4)
 
 
 # ---- preparing corpora ----
@@ -128,6 +145,80 @@ def test_large_vocabulary_uses_uint32(tmp_path):
     assert decoded(folder, "val") == text[len(text) - len(text) // 10:]
 
 
+DOCUMENTS = ["first document\n", "zweites Dokument: ä\n\n", "third\n\nwith a blank line", "4th", "fifth " * 30]
+
+
+def document_folder(root, documents=DOCUMENTS, field="text"):
+    """documents spread over a .txt file, a .jsonl, a .jsonl.gz and a .parquet file (sorted in that order)."""
+    import gzip
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    write(root / "a.txt", documents[0])
+    write(root / "b.jsonl", "".join(json.dumps({field: d, "id": i}) + "\n\n" for i, d in enumerate(documents[1:3])))
+    with gzip.open(root / "c.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(json.dumps({field: documents[3]}) + "\n")
+    pq.write_table(pa.table({"id": [4, 5], field: [documents[4], None]}), root / "d.parquet", row_group_size=1)
+    return root
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2", "bpe"])
+def test_documents_of_every_kind_tokenize_each_on_its_own(tmp_path, tiny_bpe, tokenizer):
+    cfg = text_cfg(tmp_path, document_folder(tmp_path / "docs"), tokenizer=tokenizer, bpe_file=str(tiny_bpe),
+                   bpe_vocab_size=270)
+    folder = prepare(cfg, block_size=4)
+    tok, meta = load_tokenizer(load_meta(folder)), load_meta(folder)
+    ids = np.concatenate([load_split(folder, "train"), load_split(folder, "val")]).tolist()
+    if tokenizer == "char":  # no end-of-text token: a blank line between documents
+        assert ids == tok.encode("\n\n".join(DOCUMENTS))
+    else:
+        assert ids == [i for d in DOCUMENTS for i in [*tok.encode(d), tok.eot_token]]
+    assert meta["documents"] == 5 and meta["files"] == 4
+    assert meta["text_bytes"] == len("".join(DOCUMENTS).encode()) + (8 if tokenizer == "char" else 0)
+
+
+def test_workers_and_small_reads_give_the_tokens_of_one_whole_read(tmp_path, tiny_bpe, monkeypatch):
+    text = "".join(f"line {i}: ünïcode and words\n" for i in range(3000))
+    write(tmp_path / "docs/big.txt", text)
+    document_folder(tmp_path / "docs/more")
+    folders = {}
+    for num_proc in (1, 2):
+        monkeypatch.setattr(corpus, "READ_BYTES", 1000)  # many pieces per file
+        monkeypatch.setattr(corpus, "TASK_CHARS", 5000)  # and many tasks, so 2 workers share them
+        cfg = text_cfg(tmp_path / str(num_proc), tmp_path / "docs", tokenizer="gpt2", bpe_file=str(tiny_bpe),
+                       num_proc=num_proc)
+        folders[num_proc] = prepare(cfg, block_size=8)
+    tok = GPT2Tokenizer(tiny_bpe)
+    expected = [i for d in [text, *DOCUMENTS] for i in [*tok.encode(d), tok.eot_token]]
+    for folder in folders.values():
+        assert np.concatenate([load_split(folder, "train"), load_split(folder, "val")]).tolist() == expected
+    assert all((folders[1] / f).read_bytes() == (folders[2] / f).read_bytes() for f in ("train.bin", "val.bin"))
+
+
+def test_a_preparation_killed_midway_leaves_no_files_and_is_rebuilt(tmp_path, monkeypatch):
+    path = write(tmp_path / "a.txt", corpus_text(20000))
+    monkeypatch.setattr(corpus, "READ_BYTES", 1000)
+    monkeypatch.setattr(corpus, "TASK_CHARS", 1000)
+    calls = []
+
+    def encode_then_die(self, task):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return encode(self, task)
+
+    encode = corpus._Encoder.__call__
+    with monkeypatch.context() as m:
+        m.setattr(corpus._Encoder, "__call__", encode_then_die)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(text_cfg(tmp_path, path, num_proc=1), block_size=16)
+    assert len(calls) == 3
+    folder = next((tmp_path / "prepared").glob("text-char-*[!k]"))  # not the .lock
+    assert list(folder.iterdir()) == []  # no meta.json, no partial train.bin, no temporary file
+    assert load_meta(prepare(text_cfg(tmp_path, path), block_size=16))["train_tokens"] == 18000
+
+
 @pytest.fixture(scope="module")
 def stdlib_folder(tmp_path_factory):
     return prepare(DataConfig(dir=str(tmp_path_factory.mktemp("prepared"))), block_size=256)
@@ -180,7 +271,9 @@ def empty_folder(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(name="wiki"), "^data.name='wiki' is unknown; use one of stdlib, shakespeare_char, shakespeare, text$"),
-    (dict(tokenizer="bpe"), "^data.tokenizer='bpe' is unknown; use one of char, gpt2$"),
+    (dict(tokenizer="wordpiece"), "^data.tokenizer='wordpiece' is unknown; use one of char, gpt2, bpe$"),
+    (dict(num_proc=-1), r"^data.num_proc=-1 must be >= 0 \(0: one per CPU core\)$"),
+    (dict(bpe_vocab_size=100), "^data.bpe_vocab_size=100 must be at least 258"),
     (dict(val_fraction=1.0), "^data.val_fraction=1.0 must be between 0 and 1, e.g. 0.1$"),
     (dict(val_fraction=0.0), "^data.val_fraction=0.0 must be between 0 and 1"),
     (dict(path="notes.txt"), "^data=stdlib reads the Python standard library, not data.path .*; add data=text to"),
@@ -195,8 +288,16 @@ def test_a_data_config_rejects_bad_values_when_made(tmp_path, kwargs, match):
     (lambda p: DataConfig(name="text", dir=str(p)), ValueError, "data=text needs a text: pass data.path=FILE"),
     (lambda p: text_cfg(p, p / "missing.txt"), FileNotFoundError, "missing.txt does not exist; pass data.path="),
     (lambda p: text_cfg(p, write(p / "empty.txt", "")), ValueError, "holds no text"),
-    (empty_folder, ValueError, "holds no .txt or .md files"),
+    (empty_folder, ValueError, "holds no .txt/.md/.jsonl/.jsonl.gz/.parquet files"),
     (bad_bytes, ValueError, r"latin1.txt is not UTF-8 \(byte 3 is b'\\xe9'\); convert it"),
+    (lambda p: text_cfg(p, write(p / "a.jsonl", '{"text": "ok"}\n{"body": "x"}\n')), ValueError,
+     r"a.jsonl line 2 has no text field 'text' \(it has: body\); pass data.text_field=KEY"),
+    (lambda p: text_cfg(p, write(p / "a.jsonl", '{"text": "ok"}\nnot json\n')), ValueError,
+     r"a.jsonl line 2 is not UTF-8 JSON \(Expecting value: .*\); fix or remove that line"),
+    (lambda p: text_cfg(p, document_folder(p / "docs"), text_field="content"), ValueError,
+     r"b.jsonl line 1 has no text field 'content' \(it has: text, id\); pass data.text_field=KEY"),
+    (lambda p: text_cfg(p, document_folder(p / "docs") / "d.parquet", text_field="content"), ValueError,
+     r"d.parquet has no column 'content' \(it has: id, text\); pass data.text_field=COLUMN"),
     (lambda p: text_cfg(p, write(p / "a.txt", "x" * 100)), ValueError,
      "corpus text has only 10 validation tokens but block_size=64 needs 65; use a longer text or a smaller model"),
 ])
