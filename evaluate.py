@@ -6,9 +6,9 @@
     python evaluate.py out_dir=out/mini text=notes.txt json=true   # one JSON object on stdout, for scripts
 
 Every token after the first is scored once, in consecutive windows of the model's block_size (scoring.py), as in
-training; an RNN starts each window from a zero state, as it was trained. Bits per byte divide the total loss by the
-UTF-8 bytes of the tokens predicted, so char-level and BPE models compare. A char model refuses a text holding
-characters outside its vocabulary, naming them, rather than guess at them.
+training; an RNN starts each window from a zero state, as it was trained. Bits per byte divide the loss of the tokens
+that cover text by the UTF-8 bytes they cover (scoring.py), so char-level and BPE models compare. A char model refuses
+a text holding characters outside its vocabulary, naming them, rather than guess at them.
 """
 import json
 import math
@@ -25,7 +25,7 @@ from config import DataConfig, EvalConfig, one_line_errors, register_configs, ru
 from data.corpus import decode_utf8, load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
 from runtime import autocast, autocast_dtype, pick_device
-from scoring import window_losses
+from scoring import byte_counts, score_stream
 
 register_configs()
 
@@ -68,16 +68,14 @@ def evaluate(cfg: EvalConfig, out=sys.stdout) -> dict:
     if len(ids) < 2:
         raise ValueError(f"{source} holds {len(ids)} token(s) but scoring needs 2 or more (the first is only "
                          f"context); pass a longer text")
-    nats = 0.0
+    counts, tally = byte_counts(tokenizer, device), None
     with tqdm(total=len(ids) - 1, desc="scoring", unit="tok", unit_scale=True, dynamic_ncols=True,
               mininterval=1.0) as bar:
-        for batch_nats, n in window_losses(model, ids, cfg.batch_size, block_size, device, amp):
-            nats += batch_nats
-            bar.update(n)
-    tokens, n_bytes = len(ids) - 1, int(tokenizer.token_bytes(ids[1:]).sum())
-    loss = nats / tokens
+        for tally in score_stream(model, ids, cfg.batch_size, block_size, counts, amp):
+            bar.update(tally.tokens - bar.n)
+    loss, tokens, n_bytes = tally.loss, tally.tokens, tally.bytes
     result = {"out_dir": cfg.out_dir, "checkpoint": cfg.checkpoint, "source": source, "loss": loss,
-              "perplexity": math.exp(loss), "bits_per_byte": nats / math.log(2) / n_bytes, "tokens": tokens,
+              "perplexity": math.exp(loss), "bits_per_byte": tally.bits_per_byte, "tokens": tokens,
               "bytes": n_bytes, "block_size": block_size}
     if cfg.json:
         out.write(json.dumps(result) + "\n")
