@@ -105,6 +105,9 @@ class TrainConfig(RuntimeConfig):
     muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
     time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
     final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
+    # how several processes (torchrun) share the work: ddp (a whole copy of the model each) | fsdp (FSDP2: each holds
+    # 1/N of the weights, gradients and optimizer state, for a model that does not fit one device); one process: unused
+    parallel: str = "ddp"
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,7 +117,7 @@ class TrainConfig(RuntimeConfig):
         for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
-        choices = dict(optimizer=("adamw", "muon"), final_eval=("estimate", "full"))
+        choices = dict(optimizer=("adamw", "muon"), final_eval=("estimate", "full"), parallel=("ddp", "fsdp"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")

@@ -5,12 +5,12 @@
     python train.py model.n_layer=4 train.max_iters=500 out_dir=out/mini
     python train.py train.resume=true out_dir=out/mini  # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=2 train.py   # DDP: one process per device
+    torchrun --standalone --nproc_per_node=2 train.py train.parallel=fsdp  # FSDP2: each holds 1/2 of the model
 
 Every option and its default is in config.py; configs/ holds named presets. `train(cfg)` is the whole story in named
 steps: processes and device, data, model and optimizer (from scratch, from GPT-2 or resumed), the loop, teardown.
 """
 import math
-import os
 import signal
 import time
 from dataclasses import asdict, dataclass, replace
@@ -23,66 +23,19 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
 from config import Config, ModelConfig, one_line_errors, register_configs, run_cli
 from data.corpus import load_meta, load_split, prepare
+from data.tokenizers import load_tokenizer
+from distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
 from hf import pretrained_gpt2
 from runlog import RunLog
-from runtime import autocast, autocast_dtype, configure, peak_flops, pick_device, to_device
-from scoring import full_loss
+from runtime import autocast, autocast_dtype, configure, peak_flops, to_device
+from scoring import Tally, byte_counts, full_score
 from training import get_lr, make_optimizer, set_lr, train_step
 
 register_configs()
-
-
-@dataclass
-class Processes:
-    """This process's place in the run (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE) and the device it computes on.
-    Rank 0 owns every side effect: files, logs, printing."""
-    device: torch.device
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    distributed: bool = False
-
-    @property
-    def master(self):
-        return self.rank == 0
-
-    def mean(self, tensor):
-        """tensor averaged over every process (itself when alone)."""
-        if self.distributed:
-            dist.all_reduce(tensor)
-            tensor /= self.world_size
-        return tensor
-
-    def any(self, flag):
-        """True on every process when flag is true on any, so all stop at the same step."""
-        flag = torch.tensor(float(flag))
-        if self.distributed:
-            dist.all_reduce(flag)
-        return bool(flag.item())
-
-    def from_rank0(self, value):
-        """rank 0's value of a float, so every process takes the same time-based decision."""
-        value = torch.tensor(value, device=self.device)
-        if self.distributed:
-            dist.broadcast(value, 0)
-        return value.item()
-
-
-def setup_processes(device_name):
-    device = pick_device(device_name)
-    if "RANK" not in os.environ:
-        return Processes(device)
-    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Processes(device, rank, local_rank, world_size, distributed=True)
 
 
 def micro_steps(cfg, world_size):
@@ -95,7 +48,7 @@ def micro_steps(cfg, world_size):
     return grad_accum, tokens_per_micro
 
 
-def load_data(cfg, procs):
+def load_data(cfg, procs: Processes):
     """Rank 0 prepares the corpus once (or finds it prepared); the others wait, then read it."""
     if procs.master:
         data_dir = prepare(cfg.data, cfg.model.block_size)
@@ -129,25 +82,28 @@ def model_config(cfg, meta, ckpt):
 @dataclass
 class TrainingState:
     """What a checkpoint holds that training changes; it saves and loads as one."""
-    model: torch.nn.Module  # unwrapped and uncompiled, so its state dict has plain names
+    model: torch.nn.Module  # uncompiled, not DDP-wrapped (under FSDP, sharded in place), so its names are plain
     optimizer: object
     iter: int = 0
     best_val_loss: float = math.inf
     elapsed_s: float = 0.0  # seconds trained, a resumed run's earlier ones included
     skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
 
-    def save(self, path, cfg, meta):
+    def save(self, path, cfg, meta, master=True):
+        """Every process calls it (under FSDP each holds a shard of the state, gathered here); master writes."""
+        model_state, optimizer_state = full_state_dicts(self.model, self.optimizer)
+        if not master:
+            return
         device = next(self.model.parameters()).device
         save_checkpoint(path, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": model_state, "optimizer": optimizer_state,
             "model_config": asdict(cfg.model), "config": asdict(cfg), "meta": meta, "iter": self.iter,
             "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
             "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
 
     def load(self, ckpt):
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        load_full_state_dicts(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
         self.iter, self.best_val_loss, self.elapsed_s = ckpt["iter"], ckpt["best_val_loss"], ckpt["elapsed_s"]
         self.skipped_steps = ckpt.get("skipped_steps", 0)
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -156,16 +112,17 @@ class TrainingState:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
 
 
-def build_state(cfg, meta, ckpt, device):
-    """The run's config (cfg with its model resolved) and its training state: from scratch, GPT-2 or ckpt."""
+def build_state(cfg, meta, ckpt, procs):
+    """The run's config (cfg with its model resolved) and its training state: from scratch, GPT-2 or ckpt; under
+    FSDP, this process's shards of it."""
     model_cfg, pretrained = model_config(cfg, meta, ckpt)
     cfg = replace(cfg, model=model_cfg)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = build_model(model_cfg)
     if pretrained is not None:
         model.load_state_dict(pretrained)
-    model = model.to(device)
-    state = TrainingState(model, make_optimizer(model, cfg.train, device))
+    model = shard(model.to(procs.device), cfg.train.parallel, procs)
+    state = TrainingState(model, make_optimizer(model, cfg.train, procs.device))
     if ckpt is not None:
         if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
             raise ValueError(f"checkpoint in {cfg.out_dir} used another tokenizer or vocabulary than data="
@@ -195,24 +152,28 @@ def micro_batches(data, it, cfg, procs, grad_accum):
 
 
 @torch.no_grad()
-def estimate_loss(model, splits, cfg, device, amp, full_val=False):
-    """Mean loss over eval_iters batches per split; the same batches every time, so estimates compare.
-    With full_val, the val split's loss is over all of its tokens instead (full_loss)."""
+def estimate_loss(model, splits, cfg, counts, amp, full_val=False):
+    """(loss, bits per byte) per split over eval_iters batches; the same batches every time, so estimates compare.
+    The loss is the mean of the batches' mean losses. With full_val, the val split's are over all of its tokens
+    instead (scoring.full_score). counts: scoring.byte_counts of the corpus's tokenizer."""
     model.eval()
-    losses = {}
+    scores = {}
     for name, data in splits.items():
         if full_val and name == "val":
-            losses[name] = full_loss(model, data, cfg.train.batch_size, cfg.model.block_size, device, amp)
+            tally = full_score(model, data, cfg.train.batch_size, cfg.model.block_size, counts, amp)
+            scores[name] = tally.loss, tally.bits_per_byte
             continue
         generator = torch.Generator().manual_seed(cfg.train.seed)
-        total = 0.0
+        tally, total = Tally(counts), 0.0
         for _ in range(cfg.train.eval_iters):
-            x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, device)
+            x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, counts.device)
             with amp:
-                total += model(x, y)[1].item()
-        losses[name] = total / cfg.train.eval_iters
+                logits, loss = model(x, y)
+            total += loss.item()
+            tally.add(logits, y, loss)
+        scores[name] = total / cfg.train.eval_iters, tally.bits_per_byte
     model.train()
-    return losses
+    return scores
 
 
 class StopSignals:
@@ -230,37 +191,27 @@ class StopSignals:
             signal.signal(s, handler)
 
 
-def wrap(model, cfg, procs):
-    """The model the loop calls: compiled and/or DDP-wrapped (the state keeps the plain one), and the one it
-    evaluates with (compiled, not DDP)."""
-    if cfg.train.compile:
-        model = torch.compile(model)
-    if not procs.distributed:
-        return model, model
-    # the only buffers (RoPE and sinusoid tables) are computed identically on every rank: no per-step sync
-    ddp = DDP(model, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None,
-              forward_sync_buffers=False)
-    return ddp, model
-
-
-def evaluate(model, state, splits, cfg, meta, amp, run_log, seconds, finished):
-    """Log train and val losses (the whole val split at the end, with final_eval=full); a new best saves best.pt.
-    Returns the val loss."""
-    losses = estimate_loss(model, splits, cfg, next(state.model.parameters()).device, amp,
-                           full_val=finished and cfg.train.final_eval == "full")
-    run_log.log("eval", state.iter, state.elapsed_s, train_loss=losses["train"], val_loss=losses["val"],
-                lr=get_lr(state.iter, cfg.train, seconds))
-    run_log.print(f"iter {state.iter}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-    if losses["val"] < state.best_val_loss:
-        state.best_val_loss = losses["val"]
-        state.save(Path(cfg.out_dir) / "best.pt", cfg, meta)
-    return losses["val"]
+def evaluate(model, state, splits, cfg, meta, counts, amp, run_log, seconds, finished, procs):
+    """Log train and val losses and bits per byte (the whole val split at the end, with final_eval=full); a new best
+    saves best.pt. Every process evaluates, since a sharded model's forward needs them all; rank 0's val loss
+    decides. Returns the val loss."""
+    scores = estimate_loss(model, splits, cfg, counts, amp, full_val=finished and cfg.train.final_eval == "full")
+    (train_loss, train_bpb), (val_loss, val_bpb) = scores["train"], scores["val"]
+    run_log.log("eval", state.iter, state.elapsed_s, train_loss=train_loss, val_loss=val_loss, train_bpb=train_bpb,
+                val_bpb=val_bpb, lr=get_lr(state.iter, cfg.train, seconds))
+    run_log.print(f"iter {state.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f} ({val_bpb:.4f} bits/byte)")
+    val_loss = procs.from_rank0(val_loss)  # so every process joins the same saves
+    if val_loss < state.best_val_loss:
+        state.best_val_loss = val_loss
+        state.save(Path(cfg.out_dir) / "best.pt", cfg, meta, procs.master)
+    return val_loss
 
 
 def stop(state, cfg, meta, procs, signum, ckpt_path):
-    """After SIGINT or SIGTERM: checkpoint every finished step, say how to continue, exit with 128 + signum."""
+    """After SIGINT, SIGTERM or SIGUSR1 on any process: checkpoint every finished step, say how to continue, exit
+    with 128 + signum."""
+    state.save(ckpt_path, cfg, meta, procs.master)
     if procs.master:
-        state.save(ckpt_path, cfg, meta)
         print(f"stopped by signal {signum} at iter {state.iter}; checkpoint saved to {ckpt_path}; "
               f"continue with train.resume=true out_dir={cfg.out_dir}")
     raise SystemExit(128 + signum)
@@ -276,8 +227,9 @@ def train(cfg: Config, clock=time.time):
     grad_accum, tokens_per_micro = micro_steps(cfg, procs.world_size)
     ckpt = existing_checkpoint(cfg)
     meta, splits = load_data(cfg, procs)
-    cfg, state = build_state(cfg, meta, ckpt, procs.device)
-    model, eval_model = wrap(state.model, cfg, procs)
+    cfg, state = build_state(cfg, meta, ckpt, procs)
+    counts = byte_counts(load_tokenizer(meta), procs.device)  # for bits per byte
+    model, eval_model = wrap(state.model, cfg.train.compile, procs)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=dtype == torch.float16)
     ckpt_path, start_iter = Path(cfg.out_dir) / "ckpt.pt", state.iter
     run_log = RunLog(cfg, procs, start_iter)
@@ -291,7 +243,7 @@ def train(cfg: Config, clock=time.time):
     flops_per_token = state.model.flops_per_token() if peak else 0
     ckpt_interval = cfg.train.checkpoint_interval or cfg.train.eval_interval
     t_zero, t_last = clock() - state.elapsed_s, clock()  # t_zero: when training would have begun, earlier runs included
-    finished, val_loss = False, None
+    finished, val_loss, stop_signal = False, None, 0
     try:
         with StopSignals() as signals:
             while True:
@@ -299,11 +251,13 @@ def train(cfg: Config, clock=time.time):
                 seconds = procs.from_rank0(state.elapsed_s) if cfg.train.time_budget_s > 0 else 0.0
                 finished = state.iter == cfg.train.max_iters or 0 < cfg.train.time_budget_s <= seconds
                 resumed_here = ckpt is not None and state.iter == start_iter  # the killed run evaluated here
-                if procs.master and not resumed_here and (state.iter % cfg.train.eval_interval == 0 or finished):
-                    val_loss = evaluate(eval_model, state, splits, cfg, meta, amp, run_log, seconds, finished)
-                if procs.master and (finished or state.iter % ckpt_interval == 0 and state.iter != start_iter):
-                    state.save(ckpt_path, cfg, meta)
-                if finished or procs.any(bool(signals.received)):
+                if not resumed_here and (state.iter % cfg.train.eval_interval == 0 or finished):
+                    val_loss = evaluate(eval_model, state, splits, cfg, meta, counts, amp, run_log, seconds,
+                                        finished, procs)
+                if finished or state.iter % ckpt_interval == 0 and state.iter != start_iter:
+                    state.save(ckpt_path, cfg, meta, procs.master)
+                stop_signal = procs.max(signals.received[0] if signals.received else 0)
+                if finished or stop_signal:
                     break
                 lr = get_lr(state.iter, cfg.train, seconds)
                 set_lr(state.optimizer, lr)
@@ -330,12 +284,13 @@ def train(cfg: Config, clock=time.time):
                     run_log.progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
     finally:  # also when a signal, a non-finite loss or an error ends the loop
         run_log.close(finished)
-    if signals.received:
-        stop(state, cfg, meta, procs, signals.received[0], ckpt_path)
+    if stop_signal:
+        stop(state, cfg, meta, procs, stop_signal, ckpt_path)
     run_log.plot()
     run_log.print(f"done: {state.iter} iterations, best val loss {state.best_val_loss:.4f}; checkpoints and loss.png "
                   f"in {cfg.out_dir}")
     if procs.distributed:
+        dist.barrier()  # else gloo's teardown could deadlock (on the GIL) with the last collective's clean-up
         dist.destroy_process_group()
     return {"iters": state.iter, "val_loss": val_loss, "best_val_loss": state.best_val_loss,
             "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}

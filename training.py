@@ -77,7 +77,8 @@ class Optimizers:
 
 def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None):
     """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss
-    (a DDP model all-reduces them on the last micro-batch only); then, if the loss is finite, clip the gradient norm
+    (a DDP model all-reduces them on the last micro-batch only; an FSDP one reduce-scatters them after each, so they
+    stay sharded between micro-batches); then, if the loss is finite, clip the gradient norm (of DTensors under FSDP)
     to grad_clip (0: no clipping) and step. all_mean(loss) averages the loss across processes, so every process takes
     the same decision. Returns the loss as a float; after a non-finite one no step is taken and the gradients are
     dropped, and the caller decides whether to go on."""

@@ -1,12 +1,17 @@
 """Two processes (torchrun, gloo on CPU) train like one: one out_dir, one checkpoint, the same parameters on every
-rank, the losses and weights of a single process with the same global batch, and an exact resume. Tiny models."""
+rank, the losses and weights of a single process with the same global batch, and an exact resume; under DDP and
+under FSDP (train.parallel=fsdp), whose checkpoints are a single process's and resume in either mode. Tiny models."""
 import json
 import re
+import shutil
 
 import pytest
 import torch
 
+from checkpoint import build_model
+from config import TrainConfig
 from conftest import compose, data_overrides, run_script
+from distributed import Processes, shard
 from runlog import read_metrics
 from train import train
 
@@ -16,9 +21,10 @@ ARGS = ["data=text", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "mo
         "train.batch_size=4", "train.tokens_per_step=128", "train.warmup_iters=0", "train.learning_rate=1e-3",
         "train.min_lr=1e-3", "train.eval_interval=1000", "train.eval_iters=1", "train.device=cpu",
         "logger.log_interval=1"]
-# Observed: 0 for both (gloo, CPU). Halving is exact in floating point, so averaging 2 processes' gradients equals
-# accumulating 2 micro-steps of loss / 2; the tolerances leave room for other reduction orders. The weights' is an
-# absolute difference after 8 AdamW steps of lr 1e-3: a diverging run would differ by ~1e-3 per step.
+# Observed: 0 for both (gloo, CPU), under DDP and FSDP alike (weights 7e-9 once, FSDP resuming a one-process run).
+# Halving is exact in floating point, so averaging 2 processes' gradients equals accumulating 2 micro-steps of
+# loss / 2; the tolerances leave room for other reduction orders. The weights' is an absolute difference after 8 AdamW
+# steps of lr 1e-3: a diverging run would differ by ~1e-3 per step.
 LOSS_TOLERANCE = 1e-6
 WEIGHT_TOLERANCE = 1e-6
 
@@ -55,3 +61,102 @@ def test_two_processes_train_like_one_with_the_same_global_batch_and_resume(tmp_
           f"{weight_difference:.2e}")
     assert loss_difference <= LOSS_TOLERANCE
     assert weight_difference <= WEIGHT_TOLERANCE
+
+
+def loss_difference(run, reference):
+    """Max |train loss difference| over the steps run logged, all of which the reference logged too."""
+    losses = {r["iter"]: r["train_loss"] for r in read_metrics(reference, "log")}
+    logged = read_metrics(run, "log")
+    assert logged and all(r["iter"] in losses for r in logged)
+    return max(abs(r["train_loss"] - losses[r["iter"]]) for r in logged)
+
+
+def weight_difference(a, b):
+    """Max |difference| of two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def assert_same_optimizer_layout(state, reference):
+    """The optimizer state of a checkpoint numbered and grouped as the reference's (a list of them under Muon)."""
+    def groups(s):  # a state loaded through torch.distributed.checkpoint has its betas as a list, not a tuple
+        return [{k: list(v) if isinstance(v, tuple) else v for k, v in group.items()} for group in s["param_groups"]]
+
+    for a, b in zip(*(s if isinstance(s, list) else [s] for s in (state, reference)), strict=True):
+        assert groups(a) == groups(b) and a["state"].keys() == b["state"].keys()
+        assert all(x.keys() == y.keys() for x, y in zip(a["state"].values(), b["state"].values()))
+
+
+@pytest.mark.slow
+def test_fsdp_trains_like_one_process_and_its_checkpoints_resume_in_either_mode(tmp_path, one_thread):
+    args = [*ARGS, *data_overrides(tmp_path)]
+    one, one_at_4, fsdp = tmp_path / "one", tmp_path / "one_to_fsdp", tmp_path / "fsdp"
+    train(compose(*args, "train.max_iters=8", f"out_dir={one}"))  # the reference: one process, 2 micro-steps of 4
+    train(compose(*args, "train.max_iters=4", f"out_dir={one_at_4}"))
+    plain = torch.load(one_at_4 / "ckpt.pt", weights_only=True)
+
+    first = torchrun("train.py", *args, "train.parallel=fsdp", "train.max_iters=4", f"out_dir={fsdp}")
+    assert "2 process(es)" in first and "1 micro-step(s)" in first
+    ckpt = torch.load(fsdp / "ckpt.pt", weights_only=True)  # plain data: no DTensor could load here
+    assert ckpt["model"].keys() == plain["model"].keys()  # the names of one process's model: no _orig_mod., no FSDP
+    assert all(type(t) is torch.Tensor and t.device.type == "cpu" for t in ckpt["model"].values())
+    assert ckpt["model"]["lm_head.weight"].data_ptr() == ckpt["model"]["transformer.wte.weight"].data_ptr()  # tied
+    assert_same_optimizer_layout(ckpt["optimizer"], plain["optimizer"])
+    at_4 = [weight_difference(ckpt["model"], plain["model"]), max(weight_difference(a, plain["optimizer"]["state"][i])
+            for i, a in ckpt["optimizer"]["state"].items())]  # the weights and the optimizer's moments after step 4
+
+    fsdp_to_one = tmp_path / "fsdp_to_one"
+    shutil.copytree(fsdp, fsdp_to_one)
+    train(compose(*args, "train.max_iters=8", "train.resume=true", f"out_dir={fsdp_to_one}"))
+    resumed = torchrun("train.py", *args, "train.parallel=fsdp", "train.max_iters=8", "train.resume=true",
+                       f"out_dir={one_at_4}")
+    assert f"resuming from {one_at_4 / 'ckpt.pt'} at iter 4" in resumed
+    losses = [loss_difference(run, one) for run in (fsdp, fsdp_to_one, one_at_4)]
+    final = torch.load(one / "ckpt.pt", weights_only=True)["model"]
+    at_8 = [weight_difference(torch.load(run / "ckpt.pt", weights_only=True)["model"], final)
+            for run in (fsdp_to_one, one_at_4)]
+    print(f"\nFSDP vs one process: max |loss difference| {losses[0]:.2e} (4 steps), {losses[1]:.2e} (resumed under one "
+          f"process), {losses[2]:.2e} (one process's checkpoint resumed under FSDP); max |weight difference| "
+          f"{at_4[0]:.2e} (iter 4), {at_8[0]:.2e} and {at_8[1]:.2e} (iter 8, the resumed runs); max |optimizer "
+          f"state difference| {at_4[1]:.2e} (iter 4)")
+    assert max(losses) <= LOSS_TOLERANCE
+    assert max(at_4 + at_8) <= WEIGHT_TOLERANCE
+
+    sampled = run_script("sample.py", f"out_dir={fsdp}", "prompt=the", "max_new_tokens=20", "device=cpu")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("the") and len(sampled.stdout) > 20, sampled.stderr
+
+
+# Muon orthogonalises each matrix in bf16 (torch.optim.Muon's Newton-Schulz). On FSDP's sharded matrices DTensor runs
+# it as distributed matmuls, whose partial sums round otherwise: observed 3% per step from one process's update, 2%
+# from the exact (float64) one, vs 40-70% for the wrong thing (each shard orthogonalised alone). After 2 steps so:
+# losses 5e-5 apart, each weight's change from its initial value 6% apart.
+MUON_LOSS_TOLERANCE = 1e-3
+MUON_UPDATE_TOLERANCE = 0.25
+
+
+@pytest.mark.slow
+def test_muon_under_fsdp_resumes_and_trains_like_one_process_up_to_bf16_rounding(tmp_path, one_thread):
+    args = [*ARGS, *data_overrides(tmp_path), "train.optimizer=muon"]
+    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
+    train(cfg := compose(*args, "train.max_iters=4", f"out_dir={one}"))
+    train(compose(*args, "train.max_iters=2", f"out_dir={fsdp}"))  # then 2 steps under FSDP, from Muon's state
+    torchrun("train.py", *args, "train.parallel=fsdp", "train.max_iters=4", "train.resume=true", f"out_dir={fsdp}")
+    losses = loss_difference(fsdp, one)
+    plain, sharded = (torch.load(d / "ckpt.pt", weights_only=True) for d in (one, fsdp))
+    assert_same_optimizer_layout(sharded["optimizer"], plain["optimizer"])
+    torch.manual_seed(cfg.train.seed)  # train()'s initial weights
+    initial = build_model(plain["model_config"]).state_dict()
+    update_difference = max(((sharded["model"][k] - plain["model"][k]).norm() / (plain["model"][k] - v).norm()).item()
+                            for k, v in initial.items())
+    print(f"\nMuon, FSDP vs one process: max |loss difference| {losses:.2e}, largest relative difference of a "
+          f"weight's change {update_difference:.3f}")
+    assert losses <= MUON_LOSS_TOLERANCE
+    assert update_difference <= MUON_UPDATE_TOLERANCE
+
+
+def test_parallel_is_ddp_or_fsdp_and_one_process_shards_nothing():
+    with pytest.raises(ValueError, match="train.parallel='zero' is unknown; use one of ddp, fsdp"):
+        TrainConfig(parallel="zero")
+    model = build_model({"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8, "vocab_size": 10})
+    assert shard(model, "fsdp", Processes(torch.device("cpu"))) is model
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())

@@ -138,7 +138,7 @@ def test_a_sweep_prints_its_table_when_it_ends_and_writes_the_png(sweep):
     out_dir, printed = sweep
     cells = table(printed)
     assert cells[0] == ["run", "status", "train.learning_rate", "iters", "final val loss", "best val loss",
-                        "tokens/s", "wall time"]
+                        "val bpb", "tokens/s", "wall time"]  # train.py logs bits per byte with every evaluation
     finals = {job: read_metrics(out_dir / job, "eval")[-1]["val_loss"] for job in ("0", "1")}
     assert column(cells, "run") == sorted(finals, key=finals.get)
     assert column(cells, "final val loss") == [f"{finals[job]:.4f}" for job in column(cells, "run")]

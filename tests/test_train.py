@@ -1,6 +1,7 @@
 """train.py end to end on tiny models: the CLI and the files of a run, exact resume (GPT, Muon, GRU), gradient
 accumulation, sweeps, wandb offline, the time budget on an injected clock, MFU for an RNN, the full val loss."""
 import json
+import math
 import sys
 import types
 from dataclasses import replace
@@ -16,7 +17,8 @@ from config import ModelConfig
 from conftest import TINY, FakeClock, data_overrides, run_script, tiny_config
 from data.corpus import load_split
 from runlog import read_metrics
-from scoring import full_loss
+from data.tokenizers import load_tokenizer
+from scoring import byte_counts, full_score
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,7 +202,19 @@ def test_a_gru_trains_and_resumes_exactly(tmp_path, monkeypatch):
 def test_final_eval_full_logs_the_whole_val_split_loss(tmp_path):
     cfg = tiny_config(tmp_path, max_iters=4, eval_interval=4, final_eval="full")
     train(cfg)
-    model, _ = load_model(cfg.out_dir, "latest")
+    model, meta = load_model(cfg.out_dir, "latest")
     val = load_split(next(Path(cfg.data.dir).glob("*/meta.json")).parent, "val")  # not the .lock beside it
-    expected = full_loss(model, val, 8, 32, torch.device("cpu"))
-    assert read_metrics(cfg.out_dir, "eval")[-1]["val_loss"] == pytest.approx(expected, rel=1e-5)
+    expected = full_score(model, val, 8, 32, byte_counts(load_tokenizer(meta), torch.device("cpu")))
+    last = read_metrics(cfg.out_dir, "eval")[-1]
+    assert last["val_loss"] == pytest.approx(expected.loss, rel=1e-5)
+    assert last["val_bpb"] == pytest.approx(expected.bits_per_byte, rel=1e-5)
+
+
+def test_every_evaluation_row_has_bits_per_byte(tmp_path):
+    cfg = tiny_config(tmp_path, max_iters=4, eval_interval=2)
+    train(cfg)
+    rows = read_metrics(cfg.out_dir, "eval")
+    assert [r["iter"] for r in rows] == [0, 2, 4]
+    for row in rows:  # CORPUS is ASCII: one byte per token, so bits per byte is the loss in bits
+        assert row["val_bpb"] == pytest.approx(row["val_loss"] / math.log(2), rel=1e-5)
+        assert row["train_bpb"] == pytest.approx(row["train_loss"] / math.log(2), rel=1e-5)
