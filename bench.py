@@ -1,10 +1,11 @@
-"""Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, and whole
-training runs of the CPU speedrun against nanoGPT's recipe.
+"""Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, whole
+training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparation.
 
     python bench.py                          # train, sample, attention, generate on the CPU (about 8 minutes, 2 cores)
     python bench.py --only train,attention   # some of the sections: train, sample, attention, generate
     python bench.py --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 11 minutes
     python bench.py --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, about 11 minutes
+    python bench.py --only prepare --bpe-file gpt2.tiktoken   # MB/s and peak memory, 1 and 2 workers, 256 MB
     python bench.py --quick                  # tiny sizes, one round: checks that everything runs
     python bench.py --device cuda            # bf16 autocast, torch.compile and fused AdamW; MFU where the peak is known
 
@@ -13,7 +14,12 @@ shared machine for a while slows both sides. Warm-up steps and start-up are not 
 ablation, which time whole runs from launch to exit. Tables print as Markdown.
 """
 import argparse
+import collections
+import json
 import os
+import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,10 +44,11 @@ CHAR_VOCAB = 65  # tiny Shakespeare's characters
 # gen_rounds for the slow sampling sections); new_tokens after an 8-token prompt at each context, timed per window
 FULL = dict(call_s=0.5, rounds=5, sample_rounds=3, new_tokens=1000, window=100, contexts=(64, 256, 1024),
             lengths=(256, 1024, 4096), gen=dict(n_layer=6, n_head=6, n_embd=384, block_size=1024), gen_prompt=512,
-            gen_new=512, gen_rounds=1, seeds=3, run=[])
+            gen_new=512, gen_rounds=1, seeds=3, run=[], prepare_rounds=2)
 QUICK = dict(call_s=0.0, rounds=1, sample_rounds=1, new_tokens=40, window=10, contexts=(16, 64), lengths=(64, 128),
              gen=dict(n_layer=2, n_head=2, n_embd=32, block_size=64), gen_prompt=16, gen_new=16, gen_rounds=1, seeds=1,
-             run=["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.max_iters=2"])
+             run=["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.max_iters=2"],
+             prepare_rounds=1)
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model shape for the train section
 # Whole runs of train.py, timed from launch to exit (start-up, data loading, every evaluation and the final one over
 # the whole validation split included), each recipe with its own iteration count
@@ -258,8 +265,88 @@ def ablation_section(args, device, sizes):
           rows)
 
 
+def synthetic_corpus(folder, megabytes, source=None, file_mb=1):
+    """A folder of file_mb-sized text files, megabytes in all: lines of 12 words drawn at random (seeded) in their
+    proportions in the text file source, or in Zipf's proportions from made-up words; files draw from 100k lines."""
+    rng = random.Random(0)
+    if source:
+        counts = collections.Counter(re.findall(r"[\w']+|[^\w\s]", Path(source).read_text(encoding="utf-8")))
+        words, weights = list(counts), list(counts.values())
+    else:
+        words = ["".join(rng.choice("etaoinshrdlucmfwypvbgk") for _ in range(rng.randint(1, 9))) for _ in range(5000)]
+        weights = [1 / rank for rank in range(1, len(words) + 1)]
+    lines = [" ".join(rng.choices(words, weights, k=12)).capitalize() + ".\n" for _ in range(100_000)]
+    per_file = round(file_mb * 1e6 / (sum(map(len, lines)) / len(lines)))
+    folder.mkdir(parents=True)
+    for i in range(max(1, round(megabytes / file_mb))):
+        (folder / f"doc{i:05d}.txt").write_text("".join(rng.choices(lines, k=per_file)))
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+def tree_memory(pid):
+    """Proportional set size (PSS: a page shared by n processes counts 1/n in each, so forked workers' shared pages
+    count once) of process pid and all its descendants, in bytes, from /proc (Linux)."""
+    total, pids = 0, [pid]
+    while pids:
+        pid = pids.pop()
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += next((int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+        pids += [int(c) for c in children]
+    return total
+
+
+def prepare_run(overrides, data_dir):
+    """`python -m data.prepare` on a fresh folder: (wall seconds from launch to exit, peak memory (PSS) of it and its
+    workers together, sampled every 0.5 s, meta.json)."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    command = [sys.executable, "-m", "data.prepare", "data=text", f"data.dir={data_dir}", *overrides]
+    start, peak = time.perf_counter(), 0
+    with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe: progress bars would fill a pipe and block
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        while process.poll() is None:
+            peak = max(peak, tree_memory(process.pid))
+            time.sleep(0.5)  # reading PSS walks page tables: sampled often, it slows what it measures
+        wall = time.perf_counter() - start
+        if process.returncode:
+            stderr.seek(0)
+            sys.exit(f"bench: `{' '.join(command[1:])}` failed: {stderr.read().strip().splitlines()[-1:]}")
+    return wall, peak, json.loads(next(Path(data_dir).glob("*/meta.json")).read_text())
+
+
+def prepare_section(args, device, sizes):
+    megabytes = 2 if args.quick else args.prepare_mb
+    tokenizers = {"char": [], **({"gpt2": [f"data.bpe_file={args.bpe_file}"]} if args.bpe_file else {}),
+                  "bpe (4096, trained here)": ["data.tokenizer=bpe", "data.bpe_vocab_size=4096"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        size = synthetic_corpus(Path(tmp) / "corpus", megabytes, args.data_path)
+        cases = {(name, workers): [f"data.path={tmp}/corpus", f"data.num_proc={workers}",
+                                   *([] if name == "char" else ["data.tokenizer=gpt2"]), *overrides]
+                 for name, overrides in tokenizers.items() for workers in args.prepare_workers}
+        runs = {case: [] for case in cases}
+        rounds = args.prepare_rounds or sizes["prepare_rounds"]
+        for _ in range(rounds):
+            for case, overrides in cases.items():  # A B A B: every case once per round
+                runs[case].append(prepare_run(overrides, Path(tmp) / "prepared"))
+    rows = []
+    for (name, workers), results in runs.items():
+        wall, peak = (statistics.median(r[i] for r in results) for i in (0, 1))
+        meta = results[0][2]
+        rows.append([name, workers, f"{size / 1e6 / wall:.1f}", f"{wall:.1f}", f"{peak / 2 ** 20:,.0f}",
+                     f"{meta['bytes_per_token']:.3f}", f"{meta['train_tokens'] + meta['val_tokens']:,}"])
+    words = f"words of {Path(args.data_path).name}" if args.data_path else "made-up words"
+    print(f"### Preparation: python -m data.prepare on {size / 1e6:,.0f} MB of random {words} in "
+          f"{max(1, round(megabytes)):,} files, {rounds} round(s), launch to exit\n")
+    table(["tokenizer", "workers", "MB/s", "wall s (median)", "peak memory MiB (PSS, process + workers)", "bytes/token",
+           "tokens"], rows)
+
+
 SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
-            "generate": generate_section, "speedrun": speedrun_section, "ablation": ablation_section}
+            "generate": generate_section, "speedrun": speedrun_section, "ablation": ablation_section,
+            "prepare": prepare_section}
 DEFAULT_SECTIONS = "train,sample,attention,generate"  # the whole-run sections take long: ask for them by name
 
 
@@ -270,6 +357,11 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:1 ...")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--data-path", help="tiny Shakespeare's text for speedrun and ablation (else it downloads)")
+    parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
+    parser.add_argument("--prepare-mb", type=float, default=256, help="prepare's corpus size in MB")
+    parser.add_argument("--prepare-rounds", type=int, help="prepare's rounds (default 2, or 1 with --quick)")
+    parser.add_argument("--prepare-workers", type=lambda v: [int(n) for n in v.split(",")], default=[1, 2],
+                        help="prepare's worker counts, e.g. 1,2")
     args = parser.parse_args(argv)
     unknown = set(args.only.split(",")) - SECTIONS.keys()
     if unknown:

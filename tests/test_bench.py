@@ -39,3 +39,14 @@ def test_a_failing_run_names_the_command(tmp_path, monkeypatch):
     monkeypatch.setitem(bench.QUICK, "run", ["model.n_embd=33"])  # not divisible by n_head
     with pytest.raises(SystemExit, match="failed: .*n_embd"):
         bench.main(["--quick", "--only", "speedrun", "--data-path", str(tmp_path / "corpus.txt")])
+
+
+@pytest.mark.slow
+def test_quick_prepare_times_every_tokenizer_at_1_and_2_workers(capsys):
+    bench.main(["--quick", "--only", "prepare"])  # no --bpe-file: GPT-2's tokenizer is left out offline
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [(row[0][2:], row[1]) for row in rows[1:]] == [
+        ("char", "1"), ("char", "2"), ("bpe (4096, trained here)", "1"), ("bpe (4096, trained here)", "2")]
+    for row in rows[1:]:
+        megabytes_per_s, mebibytes, bytes_per_token = (float(row[i].replace(",", "")) for i in (2, 4, 5))
+        assert megabytes_per_s > 0 and 0 < mebibytes < 2000 and bytes_per_token >= 1
