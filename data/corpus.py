@@ -132,6 +132,8 @@ class Corpus:
     def __init__(self, cfg, files):
         self.cfg, self.files = cfg, files
         self.total_bytes = sum(p.stat().st_size for p in files)
+        if cfg.name == "stdlib":
+            self.total_bytes = min(self.total_bytes, STDLIB_BYTES)
         self.documents, self.has_text = 0, False  # counted by the last pass
 
     def pieces(self):

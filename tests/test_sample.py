@@ -84,3 +84,11 @@ def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
                         "device=cpu")
     assert result.returncode == 0, result.stderr
     assert result.stdout == texts[0] + "\n"  # the CLI draws the same tokens from the same seed
+
+
+def test_a_run_on_a_bpe_of_its_own_corpus_trains_and_samples(tmp_path):
+    cfg = tiny_config(tmp_path, max_iters=4, eval_interval=4)
+    cfg = replace(cfg, data=replace(cfg.data, tokenizer="bpe", bpe_vocab_size=400))
+    train(cfg)
+    text = generate(cfg.out_dir, prompt="def f1(x):", max_new_tokens=10, seed=3)[0]
+    assert text.startswith("def f1(x):") and len(text) > len("def f1(x):")
