@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_config
 from runlog import RunLog, trim_metrics
-from train import Processes
+from distributed import Processes
 
 
 def test_trim_metrics_keeps_rows_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):

@@ -13,7 +13,8 @@ import torch
 
 from conftest import TINY, data_overrides, run_script, tiny_config
 from runlog import RunLog, find_runs, flatten, read_metrics, run_status, runs_table, summarize
-from train import Processes, train
+from distributed import Processes
+from train import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # a sweep of two learning rates, evaluated and logged at every step, so each job has a curve and a speed
