@@ -41,7 +41,8 @@ READ_BYTES = 1 << 20  # a text file is read this much at a time
 TASK_CHARS = 1 << 20  # a worker tokenizes about this many characters at a time
 MAX_PIECE_CHARS = 1 << 26  # a text with no safe cut (below) in this many characters is cut anyway
 TASKS_AHEAD = 4  # tasks queued per worker: enough to keep each busy, few enough to bound memory
-BPE_TRAIN_BYTES = 1 << 30  # tokenizer=bpe learns its merges from at most this much of the training text
+BPE_TRAIN_BYTES = 1 << 28  # tokenizer=bpe learns its merges from at most this much of the training text; rustbpe holds
+# what it reads in memory (about 1.2 GB of RSS per GB read), so this bounds preparation's memory
 DOCUMENT_SEPARATOR = "\n\n"  # between documents, with a tokenizer that has no end-of-text token
 
 

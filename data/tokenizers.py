@@ -65,12 +65,18 @@ class TiktokenTokenizer:
         return self.enc.decode([int(i) for i in ids])
 
     def token_bytes(self, ids):
-        """The byte length of each token of ids (an array); a token may hold part of a UTF-8 character, and
-        <|endoftext|> holds none of the text."""
+        """The byte length of each token of ids (an array); a token may hold part of a UTF-8 character.
+        <|endoftext|> covers none of the text, nor does an id that no token has (a ranks file with gaps)."""
         distinct, where = np.unique(np.asarray(ids), return_inverse=True)
-        lengths = np.array([0 if self.enc.is_special_token(int(i)) else len(self.enc.decode_single_token_bytes(int(i)))
-                            for i in distinct], dtype=np.int64)
-        return lengths[where]
+        return np.array([self._byte_length(int(i)) for i in distinct], dtype=np.int64)[where]
+
+    def _byte_length(self, token):
+        if self.enc.is_special_token(token):
+            return 0
+        try:
+            return len(self.enc.decode_single_token_bytes(token))
+        except KeyError:
+            return 0
 
 
 class GPT2Tokenizer(TiktokenTokenizer):

@@ -1,6 +1,7 @@
 """data/tokenizers.py: characters, GPT-2's BPE and a BPE trained here round trip text, name what they cannot encode,
 and rebuild from a meta.json spec; the trained BPE is deterministic and its ranks file is one tiktoken's own loader
 reads. Offline (a tiny ranks file, a BPE trained on CORPUS; GPT-2's own where ../shared/data has it), seconds."""
+import base64
 import json
 
 import pytest
@@ -46,11 +47,15 @@ def test_tiny_gpt2_applies_merges(tiny_bpe):
     assert tok.vocab_size == 50257 and tok.eot_token == GPT2_EOT
 
 
+@pytest.fixture(scope="module")
+def tiny_gpt2(tiny_bpe):
+    return GPT2Tokenizer(tiny_bpe)  # built once: parsing 50k ranks per example would outlast hypothesis's deadline
+
+
 @settings(max_examples=50)
 @given(st.text())
-def test_tiny_gpt2_round_trip(tiny_bpe, text):
-    tok = GPT2Tokenizer(tiny_bpe)
-    assert tok.decode(tok.encode(text)) == text
+def test_tiny_gpt2_round_trip(tiny_gpt2, text):
+    assert tiny_gpt2.decode(tiny_gpt2.encode(text)) == text
 
 
 def test_end_of_text_in_a_corpus_is_plain_text(tiny_bpe):
@@ -170,3 +175,9 @@ def test_bpe_impossible_vocab_size_is_one_line(vocab_size, message):
 def test_end_of_text_covers_no_bytes(tiny_bpe, bpe):
     for tok in (GPT2Tokenizer(tiny_bpe), bpe):
         assert tok.token_bytes([tok.eot_token, ord("a")]).tolist() == [0, 1]
+
+
+def test_an_id_that_no_token_has_covers_no_bytes(tmp_path):
+    ranks = tmp_path / "gaps.tiktoken"  # single bytes only: ids 256 to 50255 are no token, 50256 is <|endoftext|>
+    ranks.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    assert GPT2Tokenizer(ranks).token_bytes([97, 256, 50255, GPT2_EOT]).tolist() == [1, 0, 0, 0]
