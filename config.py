@@ -73,7 +73,7 @@ class DataConfig:
 class RuntimeConfig:
     """Where and how the arithmetic runs, for training and sampling alike."""
     device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
-    dtype: str = "auto"  # auto (bf16 autocast on CUDA where supported, else fp32) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (bf16 autocast where native: runtime.native_bf16) | float32 | bfloat16 | float16
     # training: initial weights and dropout (each micro-batch is drawn from seed, step and micro-step); sampling: draws
     seed: int = 1337
 

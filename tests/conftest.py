@@ -22,9 +22,10 @@ SHARED_DATA = REPO.parent / "shared" / "data"  # tinyshakespeare.txt and gpt2.ti
 CORPUS = "".join(map(chr, range(32, 127))) + "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n"
                                                     for i in range(400))
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "while", "birds", "sang"]
-# the CLI's overrides for a run of seconds: data=text (pass data.path), a 2-layer model, CPU
+# the CLI's overrides for a run of seconds: data=text (pass data.path), a 2-layer model, CPU in fp32 (auto would take
+# bf16 on a CPU with native bf16, and the tests' figures should not depend on which machine runs them)
 TINY = ["data=text", "model.n_layer=2", "model.n_head=2", "model.n_embd=16", "model.block_size=16",
-        "train.batch_size=2", "train.max_iters=2", "train.eval_iters=1", "train.device=cpu"]
+        "train.batch_size=2", "train.max_iters=2", "train.eval_iters=1", "train.device=cpu", "train.dtype=float32"]
 
 
 def words_corpus(path, n_words=3000, seed=0):
@@ -52,7 +53,7 @@ def tiny_config(tmp_path, **train_kw):
     if not corpus.exists():
         tmp_path.mkdir(parents=True, exist_ok=True)
         corpus.write_text(CORPUS)
-    train_cfg = dict(device="cpu", batch_size=8, max_iters=30, eval_interval=10, eval_iters=2, warmup_iters=5,
+    train_cfg = dict(device="cpu", dtype="float32", batch_size=8, max_iters=30, eval_interval=10, eval_iters=2, warmup_iters=5,
                      learning_rate=3e-3)
     train_cfg.update(train_kw)
     return Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32),

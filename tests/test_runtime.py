@@ -35,10 +35,24 @@ def test_pick_device_names_a_bad_or_missing_device_in_one_line(name, problem):
     assert "\n" not in str(error.value)
 
 
-def test_autocast_dtype_of_every_name_on_cpu():
-    expected = {"auto": None, "float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+@pytest.mark.parametrize("avx512_bf16, amx", [(False, False), (True, False), (False, True)])
+def test_autocast_dtype_of_every_name_on_cpu(monkeypatch, avx512_bf16, amx):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    native = torch.bfloat16 if avx512_bf16 or amx else None
+    expected = {"auto": native, "float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
     assert set(expected) == set(DTYPES)
     assert {name: runtime.autocast_dtype(CPU, name) for name in DTYPES} == expected
+
+
+def test_native_bf16_on_this_cpu_agrees_with_torch_and_the_cpu_flags():
+    torch_says = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert runtime.native_bf16(CPU) == torch_says
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():  # Linux: the kernel's flags name the instructions torch looks for
+        flags = set(next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split())
+        assert torch_says == bool(flags & {"avx512_bf16", "amx_bf16"})
+    assert not runtime.native_bf16(torch.device("meta"))
 
 
 def test_autocast_none_is_a_no_op_and_a_dtype_casts_matmuls():

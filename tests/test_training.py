@@ -8,7 +8,8 @@ import torch
 
 from config import TrainConfig
 from model import GPT, GPTConfig
-from training import Optimizers, get_lr, make_optimizer, set_lr, train_step
+import training
+from training import Muon, Optimizers, get_lr, make_optimizer, orthogonalize, set_lr, train_step
 
 CPU = torch.device("cpu")
 
@@ -140,3 +141,43 @@ def test_make_optimizer_decays_matrices_only_and_puts_block_matrices_on_muon_onl
     decayed, not_decayed = adamw.param_groups
     assert {names[p] for p in decayed["params"]} == {n for p, n in names.items() if p.dim() == 2} - block_matrices
     assert {names[p] for p in not_decayed["params"]} == {n for p, n in names.items() if p.dim() < 2}
+
+
+def muon_steps(optimizer_cls, steps=3, **options):
+    """The block matrices of a tiny GPT after a few Muon steps on fixed batches."""
+    model = tiny_gpt()
+    matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and n.startswith("transformer.h.")]
+    optimizer = optimizer_cls(matrices, lr=0.02, momentum=0.9, weight_decay=0.1, **options)
+    for step in range(steps):
+        x, y = batch(4, seed=step)
+        model(x, y)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach().clone() for p in matrices]
+
+
+def test_muon_in_bf16_is_torchs_muon_exactly_and_in_fp32_within_bf16_rounding():
+    reference = muon_steps(torch.optim.Muon)
+    assert all(torch.equal(a, b) for a, b in zip(muon_steps(Muon, ns_dtype=torch.bfloat16), reference))
+    start = [p.detach() for n, p in tiny_gpt().named_parameters() if p.dim() == 2 and n.startswith("transformer.h.")]
+    for fp32, bf16, p0 in zip(muon_steps(Muon, ns_dtype=torch.float32), reference, start):
+        assert not torch.equal(fp32, bf16)  # computed in another dtype
+        # bf16's 8 bits, amplified by 5 quintic iterations, move each update by 4-12% here; a wrong update is ~100% off
+        assert (fp32 - bf16).norm() < 0.2 * (bf16 - p0).norm()
+
+
+def test_orthogonalize_brings_singular_values_near_one_for_wide_and_tall_matrices():
+    generator = torch.Generator().manual_seed(0)
+    for shape in [(8, 32), (32, 8)]:
+        update = torch.randn(shape, generator=generator)
+        x = orthogonalize(update, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32)
+        assert x.shape == update.shape and x.dtype == torch.float32
+        singular = torch.linalg.svdvals(x)
+        assert singular.min() > 0.5 and singular.max() < 1.5  # Muon's quintic: about U S' V^T, S' in (0.5, 1.5)
+
+
+@pytest.mark.parametrize("native, ns_dtype", [(False, torch.float32), (True, torch.bfloat16)])
+def test_make_optimizer_runs_newton_schulz_in_bf16_only_where_it_is_native(monkeypatch, native, ns_dtype):
+    monkeypatch.setattr(training, "native_bf16", lambda device: native)
+    _, muon = make_optimizer(tiny_gpt(), TrainConfig(optimizer="muon"), CPU).optimizers
+    assert muon.ns_dtype == ns_dtype
