@@ -73,7 +73,11 @@ class Muon(torch.optim.Muon):
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
-    def step(self):
+    def step(self, closure=None):  # closure: torch.distributed.checkpoint steps with one to create the state
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)
@@ -84,6 +88,7 @@ class Muon(torch.optim.Muon):
                                        self.ns_dtype)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-torch.optim._muon._adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        return loss
 
 
 class Optimizers:

@@ -46,7 +46,7 @@ def test_a_format_0_checkpoint_resumes_exactly_where_it_stopped(tmp_path, one_th
     out.mkdir()
     shutil.copy(FIXTURE / "ckpt_iter10.pt", out / "ckpt.pt")
     corpus = shutil.copy(FIXTURE / "corpus.txt", tmp_path / "corpus.txt")
-    cfg = compose(*EXPECTED["overrides"], f"data.path={corpus}", f"data.dir={tmp_path / 'prepared'}",
+    cfg = compose(*EXPECTED["overrides"], "train.dtype=float32", f"data.path={corpus}", f"data.dir={tmp_path / 'prepared'}",
                   f"out_dir={out}", "train.resume=true")
     train(cfg, clock=FakeClock())
 

@@ -28,7 +28,7 @@ HELD_OUT = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y 
 
 def scored(**kw):
     """evaluate.py's result for EvalConfig(**kw) on the CPU, its printout discarded."""
-    return evaluate(EvalConfig(device="cpu", **kw), out=io.StringIO())
+    return evaluate(EvalConfig(device="cpu", dtype="float32", **kw), out=io.StringIO())
 
 
 def val_split(out_dir):
@@ -139,7 +139,7 @@ def test_a_missing_run_or_a_one_token_text_names_the_fix(tmp_path):
 @pytest.mark.slow
 def test_the_cli_prints_the_numbers(tiny_run):
     expected = scored(out_dir=tiny_run)
-    result = run_script("evaluate.py", f"out_dir={tiny_run}", "device=cpu")
+    result = run_script("evaluate.py", f"out_dir={tiny_run}", "device=cpu", "dtype=float32")
     assert result.returncode == 0, result.stderr
     assert f"{expected['tokens']:,} tokens scored" in result.stdout
     for line in (f"loss        {expected['loss']:.4f} nats/token", f"perplexity  {expected['perplexity']:.3f}",

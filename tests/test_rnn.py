@@ -129,7 +129,7 @@ def test_train_py_trains_an_lstm_and_sample_py_samples_from_it(tmp_path):
     summary = train(cfg)
     assert summary["iters"] == 6 and (tmp_path / "out" / "best.pt").exists()
     out = io.StringIO()
-    common = dict(out_dir=cfg.out_dir, max_new_tokens=30, temperature=0, device="cpu")
+    common = dict(out_dir=cfg.out_dir, max_new_tokens=30, temperature=0, device="cpu", dtype="float32")
     texts = sample(SampleConfig(prompt="the ", **common), out=out)
     assert texts[0].startswith("the ") and len(texts[0]) == 34 and out.getvalue().startswith("the ")
     padded = sample(SampleConfig(prompts=["the quick ", "a"], **common), out=io.StringIO())  # a left-padded batch

@@ -13,7 +13,7 @@ from train import train
 
 def generate(out_dir, **kw):
     kw.setdefault("max_new_tokens", 40)
-    return sample(SampleConfig(out_dir=out_dir, device="cpu", **kw), out=io.StringIO())
+    return sample(SampleConfig(out_dir=out_dir, device="cpu", dtype="float32", **kw), out=io.StringIO())
 
 
 def test_same_seed_same_text_other_seed_other_text(tiny_run):
@@ -81,7 +81,7 @@ def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
     assert texts == generate(cfg.out_dir, prompt=prompt, seed=3) != generate(cfg.out_dir, prompt=prompt, seed=4)
     assert texts[0].startswith(prompt) and len(texts[0]) == len(prompt) + 40
     result = run_script("sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}", "seed=3", "max_new_tokens=40",
-                        "device=cpu")
+                        "device=cpu", "dtype=float32")
     assert result.returncode == 0, result.stderr
     assert result.stdout == texts[0] + "\n"  # the CLI draws the same tokens from the same seed
 
