@@ -31,7 +31,7 @@ def test_quick_speedrun_and_ablation_run_every_recipe_and_lever(tmp_path, monkey
     assert names == ["recipe", *bench.RECIPES, "change", *bench.LEVERS]
     for row in rows:
         if row[0][2:] in bench.RECIPES:  # iterations as each recipe's quick run asked, a finite whole-val loss
-            assert row[1] == "2" and 0 < float(row[4]) < 10
+            assert row[1] == "2" and 0 < float(row[5]) < 10 and float(row[2]) <= float(row[3])  # trained <= wall
     assert "| nanoGPT CPU recipe | 2 |" in out and "| 100% |" in out  # the reference against itself
 
 
@@ -50,3 +50,9 @@ def test_quick_prepare_times_every_tokenizer_at_1_and_2_workers(capsys):
     for row in rows[1:]:
         megabytes_per_s, mebibytes, bytes_per_token = (float(row[i].replace(",", "")) for i in (2, 4, 5))
         assert megabytes_per_s > 0 and 0 < mebibytes < 2000 and bytes_per_token >= 1
+
+
+def test_the_long_recipe_trains_for_the_references_wall_less_the_short_recipes_start_up_and_evaluation():
+    runs = {bench.REFERENCE: [(100.0, 2000, 1.9, 95.0)], "speedrun_cpu": [(20.0, 300, 1.88, 14.0)]}
+    assert bench.long_recipe_budget(bench.LONG_RECIPE, runs) == ["train.time_budget_s=94.0", "train.max_iters=100000"]
+    assert bench.long_recipe_budget("speedrun_cpu", runs) == []
