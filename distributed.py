@@ -13,16 +13,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from model import GPT
 from runtime import pick_device
 
-GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # onto rank 0's CPU; the other ranks get {}
-SCATTER = StateDictOptions(full_state_dict=True)  # every rank holds the full state dicts; each keeps its shards
+# FSDP and torch.distributed.checkpoint are imported by the functions that shard (they take a second of start-up,
+# which a single process never needs)
 
 
 @dataclass
@@ -81,6 +78,7 @@ def shard(model, parallel, procs):
     forward or backward. Build the optimizer after it, over the shards. Otherwise the model as it is."""
     if parallel != "fsdp" or not procs.distributed:
         return model
+    from torch.distributed.fsdp import fully_shard
     for block in model.transformer.h if isinstance(model, GPT) else []:
         fully_shard(block)
     fully_shard(model)
@@ -90,7 +88,7 @@ def shard(model, parallel, procs):
 def wrap(model, compile, procs):
     """The model the loop calls: compiled and/or DDP-wrapped (the state keeps the plain one), and the one it
     evaluates with (compiled, not DDP). A sharded model needs no wrapper: FSDP2 already reduces its gradients."""
-    sharded = isinstance(model, FSDPModule)
+    sharded = is_sharded(model)
     if compile:
         model = torch.compile(model)
     if not procs.distributed or sharded:
@@ -99,6 +97,14 @@ def wrap(model, compile, procs):
     ddp = DDP(model, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None,
               forward_sync_buffers=False)
     return ddp, model
+
+
+def is_sharded(model):
+    """Whether FSDP2 shards model; only a distributed run can."""
+    if not dist.is_initialized():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
 
 
 def torch_optimizers(optimizer):
@@ -110,16 +116,18 @@ def torch_optimizers(optimizer):
 def full_state_dicts(model, optimizer):
     """(model, optimizer) state dicts as one process's own: plain names and CPU tensors, the optimizer's parameters
     numbered. Under FSDP every rank must call it, as it gathers the shards; rank 0 alone gets them, the others {}."""
-    if not isinstance(model, FSDPModule):
+    if not is_sharded(model):
         return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    gather = StateDictOptions(full_state_dict=True, cpu_offload=True)  # onto rank 0's CPU; the other ranks get {}
     model.reshard()  # the root keeps its parameters gathered after a forward without backward (an evaluation)
-    model_state = get_model_state_dict(model, options=GATHER)
+    model_state = get_model_state_dict(model, options=gather)
     if model_state:  # rank 0: one copy of a tied weight (the GPT's wte and lm_head), as state_dict() keeps it
         first = {}
         for name, p in model.state_dict(keep_vars=True).items():
             model_state[name] = model_state[first.setdefault(p, name)]
     # an optimizer with no state yet (before the first step) has no shards; DCP would step it to make some
-    states = [numbered(get_optimizer_state_dict(model, o, options=GATHER)) if o.state else o.state_dict()
+    states = [numbered(get_optimizer_state_dict(model, o, options=gather)) if o.state else o.state_dict()
               for o in torch_optimizers(optimizer)]
     return model_state, states if hasattr(optimizer, "optimizers") else states[0]
 
@@ -127,17 +135,19 @@ def full_state_dicts(model, optimizer):
 def load_full_state_dicts(model, optimizer, model_state, optimizer_state):
     """Load what full_state_dicts gave, in any mode, into model and optimizer, sharded or not; every rank passes
     the full state dicts and keeps its shards of them."""
-    if not isinstance(model, FSDPModule):
+    if not is_sharded(model):
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
         return
-    set_model_state_dict(model, model_state, options=SCATTER)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    scatter = StateDictOptions(full_state_dict=True)  # every rank holds the full state dicts; each keeps its shards
+    set_model_state_dict(model, model_state, options=scatter)
     name = {p: n for n, p in model.named_parameters()}  # a tied weight by its first name, as DCP names it
     states = optimizer_state if hasattr(optimizer, "optimizers") else [optimizer_state]
     for o, state in zip(torch_optimizers(optimizer), states, strict=True):
         if state["state"]:
             names = [name[p] for group in o.param_groups for p in group["params"]]
-            set_optimizer_state_dict(model, o, relabel(state, names), options=SCATTER)
+            set_optimizer_state_dict(model, o, relabel(state, names), options=scatter)
         else:  # saved before the first step: no shards to scatter
             o.load_state_dict(state)
 

@@ -1,8 +1,10 @@
 """The layout stays readable: entry points import shared modules and never each other, the import graph has no
-cycle (function-local imports included), lazy imports are for optional dependencies only, and the files and
+cycle (function-local imports included), lazy imports are for optional dependencies and sharding only, and the files and
 functions stay within the budgets of the style guide."""
 import ast
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -10,6 +12,8 @@ from conftest import REPO
 
 ENTRY_POINTS = {"train", "sample", "export", "bench", "compare", "evaluate", "runs", "data.prepare"}
 OPTIONAL = {"transformers", "wandb", "matplotlib"}  # imported where they are used, so the rest runs without them
+# imported where they are used, since they take a second of every run's start-up and only a sharded run needs them
+SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
 BUDGETS = {"model.py": 350, "train.py": 400, "sample.py": 150}  # lines, from the style guide
 LONGEST_FUNCTION = 90  # lines, in train.py, model.py and sample.py
 
@@ -58,10 +62,17 @@ def test_the_import_graph_has_no_cycle():
         visit(name, [])
 
 
-def test_lazy_imports_are_for_optional_dependencies_only():
+def test_lazy_imports_are_for_optional_dependencies_and_sharding_only():
     lazy = [(name, imported) for name, tree in project_modules().items() for imported, top in imports(tree)
-            if not top and imported.split(".")[0] not in OPTIONAL]
+            if not top and imported.split(".")[0] not in OPTIONAL and imported not in SHARDING]
     assert not lazy
+
+
+def test_a_single_process_run_never_imports_the_sharding_machinery():
+    result = subprocess.run([sys.executable, "-c", "import sys, train; print(sorted(set(sys.modules) & SHARDING))"
+                             .replace("SHARDING", repr(SHARDING))], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("file, budget", BUDGETS.items())
