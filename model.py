@@ -27,9 +27,9 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE frequency base (Su et al. 2021)
     tie_weights: bool = True  # share the token embedding with the output head (Press & Wolf 2017)
     attn: str = "sdpa"  # sdpa (fused kernels) | manual (the plain formula, can return weights)
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    mlp: str = "gelu"  # gelu (tanh approximation, as GPT-2) | relu2 (squared ReLU, Primer)
-    qk_norm: bool = False  # RMS-normalise queries and keys per head before the dot product
+    norm: str = "rmsnorm"  # rmsnorm | layernorm (GPT-2's)
+    mlp: str = "relu2"  # relu2 (squared ReLU, Primer) | gelu (tanh approximation, as GPT-2)
+    qk_norm: bool = True  # RMS-normalise queries and keys per head before the dot product
 
     def __post_init__(self):
         # checked in order, each message built only once the checks before it hold: n_embd // n_head needs n_head > 0
@@ -110,6 +110,7 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_size)
         self.k = torch.empty(shape, device=device, dtype=dtype)  # only filled positions are ever read
         self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.layers = [(self.k[i], self.v[i]) for i in range(config.n_layer)]  # views made once: fewer ops per token
         self.key_mask = torch.empty(batch_size, max_len, dtype=torch.bool, device=device)  # False at padding
         self.max_len = max_len
         self.clear()
@@ -122,10 +123,10 @@ class KVCache:
 
     def update(self, layer, k, v):
         """Store k, v (B, n_kv_head, T, hs) after the filled positions; return all keys and values so far."""
-        end = self.length + k.size(2)
-        self.k[layer, :, :, self.length:end] = k
-        self.v[layer, :, :, self.length:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        (keys, values), end = self.layers[layer], self.length + k.size(2)
+        keys.narrow(2, self.length, k.size(2)).copy_(k)
+        values.narrow(2, self.length, k.size(2)).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     @property
     def nbytes(self):
