@@ -106,7 +106,8 @@ def test_every_default_names_a_schema_or_an_existing_group(root):
 def test_gpt2_preset_is_what_hf_converts():
     model = compose("model=gpt2").model
     assert {key: getattr(model, key) for key in GPT2_ARCH} == GPT2_ARCH
-    assert GPT2_ARCH["qk_norm"] is False and ModelConfig().qk_norm is False  # the preset relies on the default
+    preset = (CONFIG_DIR / "model" / "gpt2.yaml").read_text()
+    assert all(f"\n{key}: " in preset for key in GPT2_ARCH)  # set there, not left to defaults that may change
     assert gpt2_config_problems(model) == []
     assert (model.n_layer, model.n_head, model.n_embd, model.block_size, model.vocab_size) == (12, 12, 768, 1024,
                                                                                                50257)
@@ -125,7 +126,8 @@ def test_speed_experiments_compose_with_their_recipes():
             == (4, 128, 64, 12))
     long = compose("experiment=speedrun_cpu_long")
     assert (long.model.n_layer, long.model.block_size, long.train.batch_size) == (3, 128, 24)
-    assert long.train.time_budget_s == 80 and long.train.max_iters > 1000  # the budget ends it, not the step count
+    # a step count, which repeats on any machine; bench.py gives it nanoGPT's wall on the machine as a budget instead
+    assert long.train.time_budget_s == 0 and long.train.max_iters == 640
     assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.train.muon_momentum,
             long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.train.muon_momentum, "full")
 
