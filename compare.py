@@ -537,9 +537,10 @@ def exp_lm(ctx):
         iters = max(20, int(seconds / step_time[name]))  # the iterations that fill the same wall-clock budget
         out = LM_RUNS / f"lm-{name}"
         shutil.rmtree(out, ignore_errors=True)  # compare.py owns these runs; train.py never overwrites
-        # fp32, as time_train_step timed them (auto would take bf16 where it is native)
+        # fp32 and AdamW, as time_train_step timed them (auto would take bf16 where it is native; muon, Muon for the
+        # GPT's blocks only)
         train_run([*LM_MODELS[name], *data, f"train.device={ctx.device}", "train.dtype=float32",
-                   f"train.max_iters={iters}", f"train.eval_interval={max(1, iters // 8)}", "train.eval_iters=10",
+                   "train.optimizer=adamw", f"train.max_iters={iters}", f"train.eval_interval={max(1, iters // 8)}", "train.eval_iters=10",
                    f"train.warmup_iters={max(1, min(100, iters // 10))}", f"logger.log_interval={max(1, iters // 20)}",
                    f"out_dir={out}"])
         evals = read_metrics(out, "eval")

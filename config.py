@@ -86,7 +86,7 @@ class TrainConfig(RuntimeConfig):
     compile: bool = False  # torch.compile the model (pays off on long GPU runs)
     batch_size: int = 16  # sequences per micro-batch, per process
     tokens_per_step: int = 0  # tokens per optimizer step across processes; 0 means one micro-batch each
-    max_iters: int = 1000  # optimizer steps
+    max_iters: int = 350  # optimizer steps
     learning_rate: float = 2e-3  # peak learning rate
     min_lr: float = 1e-4  # learning rate at the end of the cosine decay
     warmup_iters: int = 100  # linear warmup steps
@@ -100,9 +100,9 @@ class TrainConfig(RuntimeConfig):
     resume: bool = False  # continue from out_dir/ckpt.pt
     init_from: str | None = None  # fine-tune GPT-2: gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a save_pretrained dir
     skip_nonfinite: bool = False  # skip a step whose loss is nan/inf (no update; counted, logged) instead of stopping
-    optimizer: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains)
+    optimizer: str = "muon"  # muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains) | adamw
     muon_lr: float = 0.02  # Muon's peak learning rate; it follows learning_rate's warmup and decay
-    muon_momentum: float = 0.95  # Muon's (Nesterov) momentum
+    muon_momentum: float = 0.85  # Muon's (Nesterov) momentum
     time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
     final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
     # how several processes (torchrun) share the work: ddp (a whole copy of the model each) | fsdp (FSDP2: each holds

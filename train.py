@@ -128,6 +128,10 @@ def build_state(cfg, meta, ckpt, procs):
             raise ValueError(f"checkpoint in {cfg.out_dir} used another tokenizer or vocabulary than data="
                              f"{cfg.data.name}; resume with the run's original data settings")
         check_same_model(ckpt["model_config"], model_cfg, cfg.out_dir)
+        saved = ckpt.get("config", {}).get("train", {}).get("optimizer", cfg.train.optimizer)
+        if saved != cfg.train.optimizer:
+            raise ValueError(f"checkpoint in {cfg.out_dir} was trained with train.optimizer={saved}, not "
+                             f"{cfg.train.optimizer}; resume with train.optimizer={saved}")
         state.load(ckpt)
     return cfg, state
 

@@ -53,8 +53,8 @@ def tiny_config(tmp_path, **train_kw):
     if not corpus.exists():
         tmp_path.mkdir(parents=True, exist_ok=True)
         corpus.write_text(CORPUS)
-    train_cfg = dict(device="cpu", dtype="float32", batch_size=8, max_iters=30, eval_interval=10, eval_iters=2, warmup_iters=5,
-                     learning_rate=3e-3)
+    train_cfg = dict(device="cpu", dtype="float32", batch_size=8, max_iters=30, eval_interval=10, eval_iters=2,
+                     warmup_iters=5, learning_rate=3e-3)
     train_cfg.update(train_kw)
     return Config(model=ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32),
                   data=DataConfig(name="text", path=str(corpus), dir=str(tmp_path / "data")),

@@ -66,6 +66,8 @@ CASES = {
     "fresh run into a checkpoint": ("train.py", "out_dir={root}/run", "pass train.resume=true to continue it, or"),
     "resume with another shape": ("train.py", "out_dir={root}/run train.resume=true model.n_layer=3",
                                   "n_layer=2 vs 3; drop those overrides or use a new out_dir"),
+    "resume with another optimizer": ("train.py", "out_dir={root}/run train.resume=true train.optimizer=adamw",
+                                      "trained with train.optimizer=muon, not adamw; resume with train.optimizer=muon"),
     "resume without a checkpoint": ("train.py", "train.resume=true", "train without resume first"),
     "resume a truncated checkpoint": ("train.py", "out_dir={root}/truncated train.resume=true",
                                       "it is truncated or not a checkpoint; delete it or pick another out_dir"),

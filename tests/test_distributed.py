@@ -20,7 +20,7 @@ from train import train
 ARGS = ["data=text", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "train.batch_size=4", "train.tokens_per_step=128", "train.warmup_iters=0", "train.learning_rate=1e-3",
         "train.min_lr=1e-3", "train.eval_interval=1000", "train.eval_iters=1", "train.device=cpu",
-        "train.dtype=float32", "logger.log_interval=1"]
+        "train.dtype=float32", "train.optimizer=adamw", "logger.log_interval=1"]
 # Observed: 0 for both (gloo, CPU), under DDP and FSDP alike (weights 7e-9 once, FSDP resuming a one-process run).
 # Halving is exact in floating point, so averaging 2 processes' gradients equals accumulating 2 micro-steps of
 # loss / 2; the tolerances leave room for other reduction orders. The weights' is an absolute difference after 8 AdamW

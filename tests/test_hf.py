@@ -15,7 +15,7 @@ from config import ModelConfig, SampleConfig  # noqa: E402
 from conftest import SHARED_DATA, run_script, tiny_config  # noqa: E402
 from data.tokenizers import GPT2_EOT  # noqa: E402
 from decode import generate  # noqa: E402
-from hf import from_hf, gpt2_config_problems, to_hf  # noqa: E402
+from hf import GPT2_ARCH, from_hf, gpt2_config_problems, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import sample  # noqa: E402
 from train import train  # noqa: E402
@@ -43,7 +43,7 @@ def scramble(model):
 
 
 def tiny_ours():
-    return scramble(GPT(GPTConfig(**TINY, pos="learned", norm="layernorm", bias=True, mlp="gelu", tie_weights=True)))
+    return scramble(GPT(GPTConfig(**TINY, **GPT2_ARCH)))
 
 
 def assert_same_as_hf(ours, hf, n_new=20):
@@ -93,15 +93,15 @@ def test_incompatible_model_names_what_to_change(tmp_path):
     for field in ("pos='rope'", "norm='rmsnorm'", "bias=False"):
         assert field in str(err.value)
     assert not (tmp_path / "config.json").exists()
-    gqa = GPTConfig(**TINY, pos="learned", bias=True, n_kv_head=2)
+    gqa = GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=2)
     assert [p.split("=")[0] for p in gpt2_config_problems(gqa)] == ["n_kv_head"]
-    assert gpt2_config_problems(GPTConfig(**TINY, pos="learned", bias=True, n_kv_head=4, attn="manual")) == []
+    assert gpt2_config_problems(GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=4, attn="manual")) == []
 
 
 @pytest.mark.slow
 def test_cli_exports_a_trained_run(tmp_path):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=4, eval_interval=4, eval_iters=1)
-    cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, pos="learned", bias=True)
+    cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, **GPT2_ARCH)
     train(cfg)
     result = run_script("export.py", f"out_dir={cfg.out_dir}")
     assert result.returncode == 0, result.stderr

@@ -18,9 +18,9 @@ def tiny(**kw):
 
 
 @pytest.mark.parametrize("attn", ATTN)
-@pytest.mark.parametrize("n_kv_head", [None, 2])
-def test_attention_equals_plain_softmax_formula(attn, n_kv_head):
-    model = tiny(attn=attn, n_kv_head=n_kv_head, pos="none")
+@pytest.mark.parametrize("n_kv_head, qk_norm", [(None, False), (2, False), (None, True)])
+def test_attention_equals_plain_softmax_formula(attn, n_kv_head, qk_norm):
+    model = tiny(attn=attn, n_kv_head=n_kv_head, pos="none", qk_norm=qk_norm)
     layer = model.transformer.h[0].attn
     x = torch.randn(2, 9, 32)
     y, _ = layer(x)
@@ -30,6 +30,7 @@ def test_attention_equals_plain_softmax_formula(attn, n_kv_head):
     for h in range(4):
         kv = h // (4 // layer.n_kv_head)
         qh, kh, vh = q[..., 8 * h:8 * h + 8], k[..., 8 * kv:8 * kv + 8], v[..., 8 * kv:8 * kv + 8]
+        qh, kh = layer.q_norm(qh), layer.k_norm(kh)  # with qk_norm, each head's q and k RMS-normalised; else as is
         scores = qh @ kh.transpose(1, 2) / math.sqrt(8)
         scores = scores.masked_fill(torch.ones(9, 9).triu(1).bool(), float("-inf"))
         heads.append(torch.softmax(scores, dim=-1) @ vh)
