@@ -69,8 +69,8 @@ def test_lazy_imports_are_for_optional_dependencies_and_sharding_only():
 
 
 def test_a_single_process_run_never_imports_the_sharding_machinery():
-    result = subprocess.run([sys.executable, "-c", "import sys, train; print(sorted(set(sys.modules) & SHARDING))"
-                             .replace("SHARDING", repr(SHARDING))], cwd=REPO, capture_output=True, text=True)
+    code = f"import sys, train; print(sorted(set(sys.modules) & {SHARDING!r}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
