@@ -9,13 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import compare
 from checkpoint import build_model
-from compare import (autograd_depth, induction_batch, max_hops, recall_batch, rnn_width, synthetic_models,
-                     train_synthetic)
 from config import ModelConfig
 from conftest import words_corpus
 from model import GPT, KVCache
+from report import Context, lm
+from report.mechanism import autograd_depth, gradient_paths, max_hops
+from report.tasks import induction_batch, recall_batch, rnn_width, synthetic_models, train_synthetic
 from runlog import read_metrics
 
 
@@ -107,14 +107,14 @@ def test_gpt_learns_recall_in_a_short_seeded_run():
 def test_lm_experiment_trains_both_models_with_train_py(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the runs (out/compare) and the prepared corpus (data/prepared) are relative paths
     tiny = ["model.n_embd=16", "model.block_size=16", "train.batch_size=4"]
-    monkeypatch.setattr(compare, "LM_MODELS", {"gpt": ["model.n_layer=1", "model.n_head=2", *tiny],
+    monkeypatch.setattr(lm, "LM_MODELS", {"gpt": ["model.n_layer=1", "model.n_head=2", *tiny],
                                                "lstm": ["model=lstm", "model.n_layer=1", *tiny]})
     corpus = words_corpus(tmp_path / "corpus.txt")
-    budget = {**compare.PRESETS["quick"], "lm_seconds": 0}  # the fewest iterations exp_lm runs: 20
-    ctx = compare.Context("quick", budget, torch.device("cpu"), tmp_path / "report", str(corpus))
+    monkeypatch.setitem(lm.BUDGET, "quick", {**lm.BUDGET["quick"], "lm_seconds": 0})  # the fewest iterations: 20
+    ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(corpus))
     ctx.out.mkdir()
-    compare.exp_lm(ctx)
-    compare.gradient_paths(ctx)  # reads the runs' checkpoints back
+    lm.exp_lm(ctx)
+    gradient_paths(ctx)  # reads the runs' checkpoints back
     for name, type in (("gpt", "gpt"), ("lstm", "lstm")):
         out = tmp_path / "out/compare" / f"lm-{name}"
         model = json.loads((out / "config.json").read_text())["config"]["model"]

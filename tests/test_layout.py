@@ -20,8 +20,9 @@ LONGEST_FUNCTION = 90  # lines, in train.py, model.py and sample.py
 
 def project_modules():
     """{module name: parsed file} for every Python file of the project outside tests/."""
-    files = [p for p in REPO.glob("*.py")] + [p for p in (REPO / "data").glob("*.py")]
-    return {".".join(p.relative_to(REPO).with_suffix("").parts): ast.parse(p.read_text()) for p in files}
+    files = [*REPO.glob("*.py"), *(REPO / "data").glob("*.py"), *(REPO / "report").glob("*.py")]
+    name = lambda p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    return {name(p): ast.parse(p.read_text()) for p in files}
 
 
 def imports(tree):
