@@ -68,8 +68,10 @@ def load_checkpoint(path):
 
 
 def check_same_model(saved: dict, current: ModelConfig, out_dir):
-    """Refuse to load weights into a model of another shape, naming every field that differs."""
-    differ = [f"{k}={saved.get(k)!r} vs {v!r}" for k, v in asdict(current).items() if saved.get(k) != v]
+    """Refuse to load weights into a model of another shape, naming every field that differs. A field the saved
+    config lacks is newer than the file, which was trained with that field's default (window=0: full attention)."""
+    saved = {**asdict(ModelConfig()), **saved}
+    differ = [f"{k}={saved[k]!r} vs {v!r}" for k, v in asdict(current).items() if saved[k] != v]
     if differ:
         raise ValueError(f"checkpoint in {out_dir} was trained with another model (saved vs now): "
                          f"{', '.join(differ)}; drop those overrides or use a new out_dir")

@@ -51,7 +51,9 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     recomputes the last W tokens (nanoGPT's way), which sees up to W - 1 earlier tokens instead. A model without a
     window (an RNN: context_window None) carries its state over the whole sequence, and without the cache re-reads
     the whole sequence from a zero state each step: the same tokens, at O(T) per token. In a left-padded batch the
-    window slides at the pace of the longest row, so past W a padded row's tokens can differ from its tokens alone."""
+    window slides at the pace of the longest row, so past W a padded row's tokens can differ from its tokens alone.
+    A sliding-window GPT (model.window < W) changes only what the cache holds: its last `window` keys, so its memory
+    stays constant; its positions still run out at W, so the refill above happens just the same."""
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     (B, T), window = idx.shape, model.context_window
     # the prompts and every new token in one buffer written in place, rather than a concatenation per token

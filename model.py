@@ -1,4 +1,4 @@
-"""A compact causal transformer (GPT) with RoPE, grouped-query attention, padding masks and a KV cache.
+"""A compact causal transformer (GPT) with RoPE, grouped-query and sliding-window attention, padding masks, a KV cache.
 
 Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions, the cache,
 attention, MLP, block, the model. The language-model interface it shares with rnn.py: forward(idx, targets,
@@ -30,6 +30,7 @@ class GPTConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm (GPT-2's)
     mlp: str = "relu2"  # relu2 (squared ReLU, Primer) | gelu (tanh approximation, as GPT-2)
     qk_norm: bool = True  # RMS-normalise queries and keys per head before the dot product
+    window: int = 0  # each query attends to itself and the window-1 tokens before it; 0 = full causal attention
 
     def __post_init__(self):
         # checked in order, each message built only once the checks before it hold: n_embd // n_head needs n_head > 0
@@ -50,6 +51,7 @@ class GPTConfig:
         require(self.mlp in ("gelu", "relu2"), f"mlp={self.mlp!r} is unknown; use gelu or relu2")
         require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
         require(self.rope_base > 0, f"rope_base={self.rope_base} must be positive")
+        require(self.window >= 0, f"window={self.window} must be >= 0; use 0 for full causal attention")
 
     @property
     def kv_heads(self):
@@ -74,19 +76,14 @@ def lm_loss(logits, targets, attention_mask=None):
 
 
 def make_norm(config, dim):
-    if config.norm == "rmsnorm":
-        return nn.RMSNorm(dim)
-    return nn.LayerNorm(dim, bias=config.bias)
+    return nn.RMSNorm(dim) if config.norm == "rmsnorm" else nn.LayerNorm(dim, bias=config.bias)
 
 
 def sinusoidal_table(length, dim):
     """The fixed position table of "Attention Is All You Need", (length, dim)."""
-    position = torch.arange(length, dtype=torch.float32)[:, None]
     freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq)
-    return table
+    angles = torch.arange(length, dtype=torch.float32)[:, None] * freq  # (length, dim/2)
+    return torch.stack([angles.sin(), angles.cos()], -1).flatten(1)  # sin in the even columns, cos in the odd
 
 
 def rope_tables(length, head_size, base):
@@ -104,39 +101,62 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache:
-    """Keys and values of every layer, pre-allocated for batch_size sequences of up to max_len tokens."""
+    """Keys and values of every layer for batch_size sequences, in max_len slots: sequence index p in slot
+    p % max_len. A windowed model's cache has only `window` slots, a ring of the keys its queries can still see, so
+    its memory stays constant however many tokens are generated. Keys are stored after RoPE: slot order is free."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_size)
-        self.k = torch.empty(shape, device=device, dtype=dtype)  # only filled positions are ever read
+        self.slots = min(max_len, config.window or max_len)
+        shape = (config.n_layer, batch_size, config.kv_heads, self.slots, config.head_size)
+        self.k = torch.empty(shape, device=device, dtype=dtype)  # only filled slots are ever read
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.layers = [(self.k[i], self.v[i]) for i in range(config.n_layer)]  # views made once: fewer ops per token
-        self.key_mask = torch.empty(batch_size, max_len, dtype=torch.bool, device=device)  # False at padding
-        self.max_len = max_len
+        self.key_mask = torch.empty(batch_size, self.slots, dtype=torch.bool, device=device)  # False at padding
+        self.pads = torch.empty(batch_size, 1, dtype=torch.long, device=device)  # padding tokens so far
+        self.nbytes = self.k.nbytes + self.v.nbytes  # constant: every slot is allocated here
         self.clear()
 
     def clear(self):
-        """Forget every position, keeping the memory (generation refills the cache when the window slides)."""
+        """Forget every token, keeping the memory (generation refills the cache when its context is full)."""
         self.key_mask.fill_(True)
-        self.padded = False
-        self.length = 0  # positions filled so far
+        self.pads.zero_()
+        self.masked = False  # whether each forward needs a mask: after padding, or several tokens continuing the cache
+        self.length = 0  # tokens taken so far: sequence indices 0 .. length - 1
+
+    def append(self, query_pos, real=None):
+        """Place new tokens at sequence indices query_pos (T,), real (B, T) False at padding, before the layers store
+        them. Returns the keys update will return, as sequence indices (S,) and real (B, S), or None, None where no
+        mask is needed; and the padding before each new token (B, T), or 0."""
+        start, (T,), size = self.length, query_pos.shape, self.slots
+        # one token is written first, then read with the filled slots (each holds the latest index congruent to it);
+        # more read the earlier slots and their own keys, then write, since writing first could overwrite keys they see
+        filled, self.length = start + (T == 1), start + T
+        self.read, self.write = min(filled, size), query_pos[-size:] % size
+        if real is None and not self.masked and (T == 1 or start == 0):
+            return None, None, 0  # one query sees every key read, several see their own keys only, causally
+        key_pos = filled - 1 - (filled - 1 - torch.arange(self.read, device=query_pos.device)) % size  # (read,)
+        key_pos = key_pos if T == 1 else torch.cat([key_pos, query_pos])
+        real = query_pos.new_ones(self.pads.size(0), T, dtype=torch.bool) if real is None else real
+        key_real = torch.cat([self.key_mask[:, :self.read], real], 1) if T > 1 else None  # read before the write
+        self.key_mask[:, self.write] = real[:, -size:]
+        pads = self.pads + (~real).cumsum(1)
+        self.masked, self.pads = True, pads[:, -1:]
+        return key_pos, key_real if T > 1 else self.key_mask[:, :self.read], pads
 
     def update(self, layer, k, v):
-        """Store k, v (B, n_kv_head, T, hs) after the filled positions; return all keys and values so far."""
-        (keys, values), end = self.layers[layer], self.length + k.size(2)
-        keys.narrow(2, self.length, k.size(2)).copy_(k)
-        values.narrow(2, self.length, k.size(2)).copy_(v)
-        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
-
-    @property
-    def nbytes(self):
-        return self.k.nbytes + self.v.nbytes
+        """Store k, v (B, n_kv_head, T, hs) where append placed them; return the keys and values the T queries see."""
+        keys, values = self.layers[layer]
+        if k.size(2) > 1:
+            seen = torch.cat([keys.narrow(2, 0, self.read), k], 2), torch.cat([values.narrow(2, 0, self.read), v], 2)
+        for stored, new in ((keys, k), (values, v)):
+            stored.index_copy_(2, self.write, new[:, :, -self.slots:])
+        return seen if k.size(2) > 1 else (keys.narrow(2, 0, self.read), values.narrow(2, 0, self.read))
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.layer, self.n_head, self.n_kv_head = layer, config.n_head, config.kv_heads
+        self.layer, self.n_head, self.n_kv_head, self.window = layer, config.n_head, config.kv_heads, config.window
         self.head_size, self.dropout, self.backend = config.head_size, config.dropout, config.attn
         # Q = XW_Q, K = XW_K, V = XW_V as one fused matmul; K and V have n_kv_head heads each
         self.c_attn = nn.Linear(config.n_embd, (config.n_head + 2 * config.kv_heads) * config.head_size, config.bias)
@@ -156,31 +176,56 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, nkv, S, hs), S = cached + T
-        # mask None with T > 1 means plain causal; with T == 1 the single query may see every key
+        # mask None with T > 1: causal (band-causal with a window) over these T keys; T == 1 sees every key
         is_causal = mask is None and T > 1
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if self.backend == "sdpa" and not return_weights:
+        if self.backend == "manual" or return_weights:
+            y, weights = manual_attention(q, k, v, mask, is_causal, dropout_p, self.window)
+        elif is_causal and T > self.window > 0:  # a band narrower than T: O(T·W) by chunks (padding: a full mask)
+            y = banded_attention(q, k, v, self.window, dropout_p)
+        else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                                enable_gqa=self.n_kv_head != self.n_head)
-        else:
-            y, weights = manual_attention(q, k, v, mask, is_causal, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, nh * hs)
         return self.resid_dropout(self.c_proj(y)), weights
 
 
-def manual_attention(q, k, v, mask, is_causal, dropout_p=0.0):
+def band_mask(query_pos, key_pos, window=0):
+    """(T, S), True where a query at sequence index query_pos (T,) may see the key at key_pos (S,): causal, and with
+    a window only the last `window` tokens, itself included (i - window < j <= i)."""
+    back = query_pos[:, None] - key_pos  # how many tokens back each key is
+    return (back >= 0) & (back < window) if window else back >= 0
+
+
+def manual_attention(q, k, v, mask, is_causal, dropout_p=0.0, window=0):
     """softmax(QKᵀ/√d_k)V written out; returns the output (B, nh, T, hs) and the weights (B, nh, T, S)."""
     groups = q.size(1) // k.size(1)
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # GQA: share each K/V head
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, S)
     if is_causal:
-        T, S = scores.shape[-2:]
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        S = k.size(2)
+        mask = band_mask(torch.arange(S - q.size(2), S, device=q.device), torch.arange(S, device=q.device), window)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
     return F.dropout(weights, dropout_p) @ v, weights
+
+
+def banded_attention(q, k, v, window, dropout_p=0.0):
+    """Band-causal attention in O(T·W) time and memory (Beltagy et al. 2020, Longformer): each chunk of W queries
+    against the previous chunk's keys and its own, 2W keys under one (W, 2W) band, all chunks in one SDPA call.
+    q (B, nh, T, hs), k and v (B, nkv, T, hs); returns (B, nh, T, hs)."""
+    (B, nh, T, hs), W = q.shape, window
+    n = -(-T // W)  # chunks; zeros pad the last one (keys after every real query, which none of them sees)
+    q = F.pad(q, (0, 0, 0, n * W - T)).unflatten(2, (n, W)).transpose(1, 2).flatten(0, 1)  # (B·n, nh, W, hs)
+    # each chunk's keys and values: the previous chunk's (zeros before the first) and its own, (B·n, nkv, 2W, hs)
+    k, v = (F.pad(x, (0, 0, W, n * W - T)).unfold(2, 2 * W, W).permute(0, 2, 1, 4, 3).flatten(0, 1) for x in (k, v))
+    key, chunk = torch.arange(2 * W, device=q.device), torch.arange(n, device=q.device)[:, None, None, None]
+    # query i sits at key W + i; the first chunk must not see the zeros before it
+    mask = (band_mask(key[W:], key, W) & ((chunk > 0) | (key >= W))).repeat(B, 1, 1, 1)  # (B·n, 1, W, 2W)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=nh != k.size(1))
+    return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]  # (B, nh, T, hs)
 
 
 class MLP(nn.Module):
@@ -245,18 +290,15 @@ class GPT(nn.Module):
 
     def num_params(self, embeddings=True):
         """Parameters counted once (a tied head counts once); without embeddings drops wte and wpe."""
-        n = sum(p.numel() for p in self.parameters())
-        if not embeddings:
-            n -= sum(p.numel() for name, p in self.named_parameters() if name.startswith(("transformer.wte",
-                                                                                         "transformer.wpe")))
-        return n
+        skip = () if embeddings else ("transformer.wte", "transformer.wpe")
+        return sum(p.numel() for name, p in self.named_parameters() if not name.startswith(skip))
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6N for the matmuls plus 12·L·C·T for attention
         (PaLM, appendix B). N counts the output head but not the embedding lookups."""
         cfg, T = self.config, seq_len or self.config.block_size
         n = self.num_params(embeddings=False) + self.lm_head.weight.numel()
-        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * T
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * min(T, cfg.window or T)  # a query sees at most window keys
 
     @property
     def context_window(self):
@@ -272,23 +314,19 @@ class GPT(nn.Module):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
         continued from its filled positions. Returns logits (B, T, vocab), and the mean loss over real
         target positions (None without targets); with return_weights also each layer's (B, nh, T, S)."""
-        B, T = idx.size()
-        start = cache.length if cache is not None else 0
+        T, start = idx.size(1), cache.length if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
-        mask, positions = None, torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
-        if cache is not None and attention_mask is not None:
-            cache.key_mask[:, start:start + T] = attention_mask
-            cache.padded = True
-        if attention_mask is not None or (cache is not None and cache.padded) or (start > 0 and T > 1):
-            key_mask = cache.key_mask[:, :start + T] if cache is not None else attention_mask.bool()  # (B, S)
-            # positions count real tokens only, so a left-padded sequence sees the positions it sees alone
-            positions = (key_mask.cumsum(1) - 1).clamp(min=0)[:, start:]  # (B, T)
-            query_pos = torch.arange(start, start + T, device=idx.device)[:, None]  # (T, 1)
-            key_pos = torch.arange(start + T, device=idx.device)[None]  # (1, S)
-            # causal and real keys only; each query also sees itself so that no row is empty (padded rows)
-            mask = ((key_pos <= query_pos) & key_mask[:, None, :]) | (key_pos == query_pos)  # (B, T, S)
-            mask = mask[:, None]  # (B, 1, T, S), broadcast over heads
+        query_pos = torch.arange(start, start + T, device=idx.device)  # (T,) each token's index in the sequence
+        real = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        # the keys attention sees, (S,) and real (B, S) (None: plain causal needs no mask); padding before each token
+        key_pos, key_real, pads = (cache.append(query_pos, real) if cache is not None else
+                                   (None, None, 0) if real is None else (query_pos, real, (~real).cumsum(1)))
+        mask, positions = None, (query_pos[None] - pads).clamp(min=0)  # (B|1, T): real tokens before each one
+        if key_pos is not None:  # padding, or several queries continuing a cache
+            # causal, in the window, real keys only; each query also sees itself so that no row is empty (padded rows)
+            mask = band_mask(query_pos, key_pos, self.config.window) & key_real[:, None]  # (B, T, S)
+            mask = (mask | (key_pos == query_pos[:, None]))[:, None]  # (B, 1, T, S), broadcast over heads
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.pos == "learned":
@@ -302,16 +340,9 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x, weights = block(x, rope, mask, cache, return_weights)
             all_weights.append(weights)
-        if cache is not None:
-            cache.length += T
-        x = self.transformer.ln_f(x)
-        if last_logits_only:
-            x = x[:, -1:]
-        logits = self.lm_head(x)
+        logits = self.lm_head(self.transformer.ln_f(x[:, -1:] if last_logits_only else x))
         loss = None if targets is None else lm_loss(logits, targets, attention_mask)
-        if return_weights:
-            return logits, loss, all_weights
-        return logits, loss
+        return (logits, loss, all_weights) if return_weights else (logits, loss)
 
     @torch.no_grad()
     def attention_maps(self, idx, attention_mask=None):
