@@ -297,7 +297,7 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward): 6N for the matmuls plus 12·L·C·T for attention
         (PaLM, appendix B). N counts the output head but not the embedding lookups."""
         cfg, T = self.config, seq_len or self.config.block_size
-        n = self.num_params(embeddings=False) + self.lm_head.weight.numel()
+        n = self.num_params(embeddings=False) + self.lm_head.weight.numel() * cfg.tie_weights  # tied: skipped as wte
         return 6 * n + 12 * cfg.n_layer * cfg.n_embd * min(T, cfg.window or T)  # a query sees at most window keys
 
     @property

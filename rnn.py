@@ -83,7 +83,8 @@ class RNN(nn.Module):
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6N over the matmuls' weights, the head included and the
         embedding lookup not; unlike attention's, the recurrence's cost does not grow with seq_len."""
-        return 6 * (self.num_params(embeddings=False) + self.lm_head.weight.numel())
+        head = self.lm_head.weight.numel() if self.config.tie_weights else 0  # an untied head is already counted
+        return 6 * (self.num_params(embeddings=False) + head)
 
     context_window = None  # no limit: the state carries any length of context
 

@@ -135,3 +135,11 @@ def test_train_py_trains_an_lstm_and_sample_py_samples_from_it(tmp_path):
     padded = sample(SampleConfig(prompts=["the quick ", "a"], **common), out=io.StringIO())  # a left-padded batch
     assert padded == sample(SampleConfig(prompts=["the quick ", "a"], kv_cache=False, **common), out=io.StringIO())
     assert padded[1] == sample(SampleConfig(prompt="a", **common), out=io.StringIO())[0]
+
+
+@pytest.mark.parametrize("type", ["gpt", *TYPES])
+def test_tying_the_head_does_not_change_the_flops(type):
+    """The head's matmul runs whether or not its weight is shared with the embedding: counted once either way."""
+    flops = {tied: build_model(ModelConfig(type=type, vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32,
+                                           tie_weights=tied)).flops_per_token() for tied in (True, False)}
+    assert flops[True] == flops[False]
