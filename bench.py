@@ -35,7 +35,8 @@ from config import compose
 from decode import generate_stream
 from model import GPT, manual_attention
 from runlog import read_metrics
-from runtime import alternate, autocast, autocast_dtype, configure, hardware_name, peak_flops, pick_device, sync
+from runtime import (alternate, autocast, autocast_dtype, configure, hardware_name, peak_bytes, peak_flops, pick_device,
+                     sync)
 from training import make_optimizer, train_step
 
 ROOT = Path(__file__).resolve().parent
@@ -150,27 +151,6 @@ def sample_section(args, device, sizes):
     print(f"### Sampling: {n} tokens after an 8-token prompt, nanoGPT recipe's shape, batch 1\n")
     table(["context (block_size)", "tokens/s, recompute", "tokens/s, KV cache", "speed-up",
            f"ms/token first / last {w}, recompute", f"ms/token first / last {w}, KV cache"], rows)
-
-
-def peak_bytes(fn, device):
-    """The most memory fn's tensors hold at once, beyond what was allocated before: on CUDA the allocator's own
-    peak; on the CPU the running sum of the profiler's allocation and free events, which cover every tensor the
-    CPU allocator hands out, the fused kernels' own buffers included."""
-    if device.type == "cuda":
-        sync(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()  # negative for a free
-        peak = max(peak, live)
-    return peak
 
 
 def attention_section(args, device, sizes):

@@ -1,4 +1,4 @@
-"""Where the arithmetic runs: device choice, autocast dtype, GPU peaks for MFU, timing, and the machine's name.
+"""Where the arithmetic runs: device choice, autocast dtype, GPU peaks for MFU, timing, peak memory, the machine's name.
 
 Shared by train.py, sample.py, bench.py and compare.py, so each picks devices and times work the same way. What only
 CUDA has (TF32, pinned memory, fused AdamW, NCCL) is decided here, in small functions the CPU tests reach too.
@@ -101,16 +101,39 @@ def alternate(fns, rounds, device):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def peak_bytes(fn, device):
+    """The most memory fn's tensors hold at once, beyond what was allocated before: on CUDA the allocator's own
+    peak; on the CPU the running sum of the profiler's allocation and free events, which cover every tensor the
+    CPU allocator hands out, the fused kernels' own buffers included."""
+    if device.type == "cuda":
+        sync(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()  # negative for a free
+        peak = max(peak, live)
+    return peak
+
+
 def hardware_name(device):
     """What a figure was measured on: the GPU, or the CPU model, torch's CPU capability and the thread count."""
     if device.type == "cuda":
         return f"GPU {torch.cuda.get_device_name(device)}"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
+    try:  # a VM may name only the brand ("AMD EPYC"): family and model tell its generation (25/1: Zen 3)
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+        info = {key.strip(): value.strip() for key, value in info.items()}
+        cpu = f"{info['model name']} (family {info['cpu family']}, model {info['model']})"
+    except (OSError, KeyError):
         cpu = platform.processor() or platform.machine()
-    return (f"CPU {cpu} ({os.cpu_count()} cores, torch capability {torch.backends.cpu.get_cpu_capability()}), "
+    return (f"CPU {cpu}, {os.cpu_count()} cores, torch capability {torch.backends.cpu.get_cpu_capability()}, "
             f"{torch.get_num_threads()} thread(s)")
 
 

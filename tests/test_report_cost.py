@@ -1,0 +1,122 @@
+"""report/cost.py's experiments end to end at tiny sizes (figure and rows written, threads restored), the FLOP counts
+against a formula written out, the peak-memory measure against allocations of known size, and the KV cache's bytes.
+No wall-clock asserts."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from checkpoint import build_model
+from config import ModelConfig
+from model import KVCache, manual_attention
+from report import Context, cost
+from runtime import peak_bytes
+
+CPU = torch.device("cpu")
+
+
+def tiny_context(tmp_path, monkeypatch, **budget):
+    monkeypatch.setitem(cost.BUDGET, "quick", {**cost.BUDGET["quick"], **budget})
+    ctx = Context("quick", CPU, tmp_path, hardware="test CPU")
+    return ctx
+
+
+def rows(ctx, experiment):
+    return {r["measure"]: r for r in ctx.rows if r["experiment"] == experiment}
+
+
+def test_flops_per_token_match_the_formula_and_the_gpt_does_more_at_the_lengths_measured():
+    configs = cost.throughput_models(1024)
+    gpt, lstm = (build_model(configs[name]) for name in ("gpt", "lstm"))
+    L, C, hs, V = configs["gpt"].n_layer, configs["gpt"].n_embd, configs["gpt"].n_embd // configs["gpt"].n_head, 96
+    # per block: qkv and output projections 4C², MLP 8C², two RMSNorms and the QK-norms; then ln_f and the tied head
+    gpt_weights = L * (12 * C * C + 2 * C + 2 * hs) + C + V * C
+    H = configs["lstm"].n_embd
+    lstm_weights = configs["lstm"].n_layer * 4 * (2 * H * H + 2 * H) + V * H  # gates x (W_ih, W_hh, b_ih, b_hh)
+    assert abs(gpt.num_params() / lstm.num_params() - 1) < 0.01
+    for T in (1, 64, 1024):
+        assert gpt.flops_per_token(T) == 6 * gpt_weights + 12 * L * C * T
+        assert lstm.flops_per_token(T) == 6 * lstm_weights
+    # 6N is equal within the 1% of the sizes' match; attention's 12·L·C·T outweighs that from a few tokens on
+    assert all(gpt.flops_per_token(T) > lstm.flops_per_token(T) for T in range(8, 1025))
+
+
+def test_peak_bytes_sees_a_known_allocation():
+    n = 10_000_000
+
+    def allocate():
+        block = torch.ones(n, dtype=torch.uint8)
+        del block
+        torch.ones(n // 2, dtype=torch.uint8)  # after the first is freed: the peak is the larger one, not the sum
+
+    assert n <= peak_bytes(allocate, CPU) < 1.5 * n
+
+
+def test_peak_bytes_sees_the_weights_that_manual_attention_holds_and_fused_attention_does_not():
+    T, heads = 1024, 4
+    q, k, v = (torch.randn(1, heads, T, 64, requires_grad=True) for _ in range(3))
+    weights = heads * T * T * 4  # (B, nh, T, T) in fp32
+    manual = peak_bytes(lambda: manual_attention(q, k, v, None, True)[0].sum().backward(), CPU)
+    q.grad = k.grad = v.grad = None
+    fused = peak_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward(), CPU)
+    assert manual >= 2 * weights > weights > fused  # scores and weights, against O(T) buffers
+
+
+def test_throughput_writes_its_figure_and_rows_and_restores_the_threads(tmp_path, monkeypatch):
+    ctx = tiny_context(tmp_path, monkeypatch, batches=(1, 2), lengths=(8, 16), threads=(1, 2), repeats=1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)  # a count the experiment does not use, so that restoring it is seen
+    try:
+        cost.exp_throughput(ctx)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert (tmp_path / "throughput.png").exists()
+    found = rows(ctx, "throughput")
+    flops = found["training FLOPs per token, T=8 / T=16"]
+    gpt = build_model(cost.throughput_models(16)["gpt"])
+    assert flops["gpt"].split(" / ")[1] == f"{gpt.flops_per_token(16) / 1e3:.0f}K"
+    corner = found["training tokens/s, batch 2, T=16, 1 thread / 2 threads"]
+    assert all(float(v.replace(",", "")) > 0 for side in ("gpt", "lstm") for v in corner[side].split(" / "))
+    assert "speed-up on 2 threads over 1, batch 1 T=8 / batch 2 T=16" in found
+    assert any(m.startswith("work-span model (not measured)") for m in found)
+
+
+def test_long_measures_every_path_or_says_it_skipped_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WINDOW", 8)  # narrower than the lengths: the banded path runs
+    ctx = tiny_context(tmp_path, monkeypatch, long_lengths=(16, 32), long_rounds=1)
+    cost.exp_long(ctx)
+    assert (tmp_path / "long.png").exists()
+    found = rows(ctx, "long")
+    time_row = found["one layer forward+backward at T=32, ms: manual / fused SDPA / window 8"]
+    memory_row = found["one layer forward+backward at T=32, peak MiB: manual / fused SDPA / window 8"]
+    for row in (time_row, memory_row):
+        assert all(float(v) > 0 for v in row["gpt"].split(" / ") + [row["lstm"]])
+
+    ctx = tiny_context(tmp_path, monkeypatch, long_lengths=(16, 32), long_rounds=1, memory_cap=1)
+    cost.exp_long(ctx)  # every path's first point already passes one byte: all stop after it
+    time_row = rows(ctx, "long")["one layer forward+backward at T=32, ms: manual / fused SDPA / window 8"]
+    assert (time_row["gpt"], time_row["lstm"]) == ("skipped / skipped / skipped", "skipped")
+    assert "manual skipped from T=32 (predicted peak over" in time_row["note"]
+
+
+def test_generation_carries_a_growing_cache_a_capped_window_and_a_constant_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "WINDOW", 8)
+    ctx = tiny_context(tmp_path, monkeypatch, contexts=(4, 16, 32), new_tokens=2)
+    cost.exp_generation(ctx)
+    assert (tmp_path / "generation.png").exists()
+    row = rows(ctx, "generation")["bytes carried per sequence after 32 tokens"]
+    cfg = ModelConfig()  # the default GPT: 4 layers, 4 heads of 48
+    per_token = 2 * cfg.n_layer * cfg.kv_heads * cfg.head_size * 4
+    assert row["gpt"] == f"{per_token * 32:,}; window 8: {per_token * 8:,}"
+    lstm = cost.lstm_preset(96)
+    assert row["lstm"] == f"{2 * lstm.n_layer * lstm.n_embd * 4:,}"  # h and c of every layer
+
+
+@pytest.mark.parametrize("n_kv_head, dtype, window", [(None, torch.float32, 0), (1, torch.bfloat16, 0),
+                                                      (None, torch.float32, 100)])
+def test_kv_cache_bytes_match_the_formula(n_kv_head, dtype, window):
+    cfg = ModelConfig(n_layer=3, n_head=4, n_kv_head=n_kv_head, n_embd=64, block_size=256, window=window)
+    for T in (1, 100, 256):
+        cache = KVCache(cfg, 2, T, "cpu", dtype)
+        held = min(T, window or T)  # a windowed cache keeps the last `window` tokens only
+        assert cache.nbytes == 2 * 2 * cfg.n_layer * cfg.kv_heads * cfg.head_size * held * dtype.itemsize  # K, V; B=2
