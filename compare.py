@@ -20,14 +20,17 @@ import torch
 from tqdm import tqdm
 
 from report import Context
-from report.cost import exp_generation, exp_throughput
-from report.lm import exp_lm
+from report.cost import exp_generation, exp_long, exp_throughput
+from report.lm import exp_lm, exp_positions, exp_window
 from report.mechanism import exp_paths, exp_scaling
 from report.recall import exp_induction, exp_recall
+from report.text import exp_text
 from runtime import hardware_name, pick_device
 
-EXPERIMENTS = dict(scaling=exp_scaling, throughput=exp_throughput, recall=exp_recall, induction=exp_induction,
-                   generation=exp_generation, lm=exp_lm, paths=exp_paths)  # in this order: paths reuses lm's models
+# in this order, which is also the tables': positions, window, text and paths read the lm experiment's runs
+EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, induction=exp_induction, lm=exp_lm, positions=exp_positions,
+                   window=exp_window, text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
+                   generation=exp_generation)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
 

@@ -11,8 +11,7 @@ from config import ModelConfig
 from data.corpus import load_split
 from model import GPT, manual_attention
 
-from report import RUNS
-from report.lm import exp_lm, lm_detail, lm_summary
+from report.lm import best_run, lm_detail, lm_results
 from report.tasks import lstm_preset
 
 
@@ -161,15 +160,11 @@ def exp_paths(ctx):
 def gradient_paths(ctx):
     """|∂ loss at the last position / ∂ embedding at t| against the distance T - t, for fresh and trained models:
     what the path length means for learning (Bengio et al. 1994; Hochreiter 1991)."""
-    summary = lm_summary()
-    if not all((RUNS / f"lm-{name}" / "best.pt").exists() for name in ("gpt", "lstm")) or not summary:
-        print("paths: no trained language models yet; running the lm experiment first")
-        exp_lm(ctx)
-        summary = lm_summary()
+    summary = lm_results(ctx)  # the lm experiment's models, trained first where they are not there
     fig, ax = plt.subplots(figsize=(7, 4))
     ratios = {}
     for name in ("gpt", "lstm"):
-        trained_model, _ = load_model(RUNS / f"lm-{name}")
+        trained_model, _ = load_model(best_run(name))
         torch.manual_seed(0)
         fresh_model = type(trained_model)(trained_model.config).eval()  # the same architecture, untrained
         T, val = trained_model.config.block_size, load_split(summary[name]["data_dir"], "val")
@@ -190,7 +185,7 @@ def gradient_paths(ctx):
     ax.set(xlabel="distance T - t (tokens)", ylabel="|∂ loss_T / ∂ embedding_t|, mean of 32 windows",
            title="how strongly the last prediction's gradient reaches each earlier token")
     ax.legend(fontsize=8)
-    ctx.save(fig, "gradient_paths.png", "default GPT vs configs/model/lstm.yaml, " + lm_detail(summary))
+    ctx.save(fig, "gradient_paths.png", lm_detail(summary))
     ctx.row("paths", "trained: gradient reaching the 16 farthest / the 16 nearest tokens", f"{ratios['gpt']:.2g}",
             f"{ratios['lstm']:.2g}", "through a recurrence the gradient shrinks with distance")
 
