@@ -4,6 +4,7 @@
     python compare.py --full             # the full preset: wider grids, more steps, longer contexts
     python compare.py --only recall      # one experiment (or several, comma-separated); see EXPERIMENTS
     python compare.py --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
+    python train.py && python compare.py --only text --text-run out  # the default GPT's heads on real code
 
 Each run rewrites its experiments' rows of results.csv (the table to read first) and grid.csv (every trained
 configuration of every grid), keeping other experiments' rows, then results.md and one PNG per figure. Seeds are
@@ -76,6 +77,9 @@ def main():
     parser.add_argument("--full", action="store_true", help="the stated budgets instead of the quick preset")
     parser.add_argument("--only", help=f"comma-separated experiments out of: {', '.join(EXPERIMENTS)}")
     parser.add_argument("--data-path", help="a UTF-8 text file for the lm experiment (default: the stdlib corpus)")
+    parser.add_argument("--text-run", help="a train.py run folder (a char-level GPT on the stdlib corpus) whose "
+                        "attention the text experiment reads, e.g. out after `python train.py`; default: the lm "
+                        "experiment's GPT")
     parser.add_argument("--out", default="reports/attention_vs_rnn", help="where figures and tables go")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
@@ -90,7 +94,7 @@ def main():
     except ValueError as e:
         parser.error(str(e))
     preset = "full" if args.full else "quick"
-    ctx = Context(preset, device, Path(args.out), args.data_path, hardware_name(device))
+    ctx = Context(preset, device, Path(args.out), args.data_path, hardware_name(device), args.text_run)
     ctx.out.mkdir(parents=True, exist_ok=True)
     print(f"compare.py ({preset}) on {ctx.hardware}: {', '.join(names)}")
     seconds = {}

@@ -30,6 +30,7 @@ class Context:
     out: Path  # where figures and tables go
     data_path: str | None = None  # a text file for the language-model experiments (None: the stdlib corpus)
     hardware: str = ""
+    text_run: str | None = None  # the run folder whose GPT the text experiment reads (None: the lm experiment's)
     rows: list = field(default_factory=list)
     grid: list = field(default_factory=list)
 

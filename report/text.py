@@ -191,6 +191,7 @@ def best_head(values):
 
 def exp_text(ctx, run=None):
     """Closing brackets and their openers, uses of a name and its definition: which heads attend there?"""
+    run = run or ctx.text_run
     if run is None:
         lm_results(ctx)  # trains the lm experiment's models first where they are not there yet
         run = best_run("gpt")
@@ -220,7 +221,8 @@ def exp_text(ctx, run=None):
     n_heads = model.config.n_layer * model.config.n_head
     ctx.row("text", f"heads with mean weight >= {WELL_ABOVE:g}x baseline on the target",
             " / ".join(f"{kind}s {above[kind]} of {n_heads}" for kind in KINDS), "- (no attention)",
-            "test windows; baseline: the same head's mean weight at the same distance")
+            f"test windows; baseline: the same head's mean weight at the same distance; the GPT of {run} "
+            f"({model.num_params():,} params, {model.config.n_layer} x {model.config.n_embd})")
     evals = read_metrics(run, "eval")  # train.py evaluates at step 0 and at the end, so there are some
     figure(ctx, model, windows[half:], results, tokenizer.decode,
            f"{run.name}: {model.num_params():,} params, {model.config.n_layer} layers x {model.config.n_head} heads, "

@@ -128,7 +128,7 @@ def test_exp_text_writes_its_figure_and_rows(tmp_path, monkeypatch, one_thread):
 
 
 def test_exp_text_skips_a_model_of_another_corpus(tiny_run, tmp_path, capsys):
-    ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test")
-    text.exp_text(ctx, tiny_run)
+    ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test", text_run=str(tiny_run))  # --text-run
+    text.exp_text(ctx)
     assert ctx.rows == [] and not list(tmp_path.glob("*.png"))
     assert "text: skipped" in capsys.readouterr().out
