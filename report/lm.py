@@ -32,7 +32,7 @@ from data.corpus import load_meta, load_split, prepare
 from runlog import read_metrics
 
 from report import RUNS
-from report.tasks import rnn_width
+from report.tasks import rnn_width, seed_grid
 
 # gpt: the GPT as train.py overrides (the LSTM is configs/model/lstm.yaml at the width matching its parameter count);
 # block_size, batch_size, steps: the same context, sequences per step and step cap for every run; lrs: each model's
@@ -128,13 +128,13 @@ def tune(ctx, summary, name):
     """Train every lr of the model's grid with the grid seeds, choose the lr of the lowest mean selection loss, train
     it with the remaining seeds. Returns the lr, whether it lies at an end of the grid, the grid and the chosen runs."""
     budget = BUDGET[ctx.preset]
-    lrs, seeds = budget["lrs"][name], list(range(budget["seeds"]))
-    grid_seeds, setting = seeds[:budget["grid_seeds"]], f"context={summary['block_size']}"
-    grid = {(lr, seed): fit(ctx, summary, "lm", name, setting, [], lr, seed) for lr in lrs for seed in grid_seeds}
-    selection = [(lr, float(np.mean([grid[lr, seed]["select"] for seed in grid_seeds]))) for lr in lrs]
-    best = min(selection, key=lambda point: point[1])[0]
-    runs = [grid.get((best, seed)) or fit(ctx, summary, "lm", name, setting, [], best, seed) for seed in seeds]
-    return dict(lr=best, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)), grid=selection, runs=runs)
+    lrs, setting = budget["lrs"][name], f"context={summary['block_size']}"
+    mean_select = lambda runs: float(np.mean([run["select"] for run in runs]))
+    best, grid, runs = seed_grid(lambda lr, seed: fit(ctx, summary, "lm", name, setting, [], lr, seed), lrs,
+                                 list(range(budget["seeds"])), budget["grid_seeds"], lambda runs: -mean_select(runs))
+    grid_seeds = range(budget["grid_seeds"])
+    selection = [(lr, mean_select([grid[lr, seed] for seed in grid_seeds])) for lr in lrs]
+    return dict(lr=best, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)), grid=selection, runs=list(runs.values()))
 
 
 def fit(ctx, summary, experiment, name, setting, extra, lr, seed):

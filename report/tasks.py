@@ -171,15 +171,19 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
             ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, round(value, 4))
         return run
 
-    grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
-
-    def merit(lr):
-        runs = [grid[lr, seed] for seed in seeds[:grid_seeds]]
+    def merit(runs):
         solved = sum(run.solved for run in runs)
         return solved, -sum(run.steps for run in runs) if solved == len(runs) else sum(run.select for run in runs)
 
-    best = max(lrs, key=merit)
-    more = {seed: fit(best, seed) for seed in seeds[grid_seeds:]}
-    runs = {seed: grid[best, seed] for seed in seeds[:grid_seeds]} | more
-    seconds = sum(run.seconds for run in [*grid.values(), *more.values()])
+    best, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit)
+    seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
     return Tuned(best, len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds)
+
+
+def seed_grid(fit, lrs, seeds, grid_seeds, merit):
+    """The report's tuning protocol, for every trained comparison: fit(lr, seed) at every lr with the first
+    grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. Returns the
+    lr, the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
+    grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
+    best = max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
+    return best, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}

@@ -10,7 +10,7 @@ from config import ModelConfig
 from model import KVCache
 from report import Context, recall, tasks
 from report.tasks import (Run, induction_batch, mixed_recall_batch, recall_batch, rnn_width, state_bytes,
-                          synthetic_models, train_synthetic, tune)
+                          seed_grid, synthetic_models, train_synthetic, tune)
 
 
 @settings(max_examples=25, deadline=None)
@@ -215,3 +215,12 @@ def test_induction_experiment_end_to_end(tiny_budget):
     assert accuracy["experiment"] == attention["experiment"] == "induction" and "lr " in accuracy["note"]
     assert attention["gpt"].count("%") == 2
     assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) == 2 * 3
+
+
+def test_seed_grid_trains_the_grid_then_the_chosen_lr_with_the_other_seeds():
+    calls = []
+    fit = lambda lr, seed: calls.append((lr, seed)) or {"lr": lr, "seed": seed, "score": -abs(lr - 2) + seed}
+    best, grid, runs = seed_grid(fit, [1, 2, 3], [0, 1, 2], 1, lambda runs: sum(r["score"] for r in runs))
+    assert best == 2 and set(grid) == {(1, 0), (2, 0), (3, 0)}
+    assert calls == [(1, 0), (2, 0), (3, 0), (2, 1), (2, 2)]  # the grid's own seed-0 run is reused, not retrained
+    assert [runs[s]["seed"] for s in (0, 1, 2)] == [0, 1, 2] and runs[0] is grid[2, 0]
