@@ -85,7 +85,7 @@ def exp_recall(ctx):
             wider = replace(cfg, n_embd=width)
             sizes[name, width] = wider, fit(name, wider, [tuned[name].lr], len(SEEDS))
     scores = lambda t, n: [run.test[n] for run in t.runs.values()]
-    n_params = {name: sum(p.numel() for p in tuned[name].runs[0].model.parameters()) for name in configs}
+    n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     detail = (f"2-layer GPT (width {configs['gpt'].n_embd}, {n_params['gpt']:,} params) vs 2-layer LSTM "
               f"(width {configs['lstm'].n_embd}, {n_params['lstm']:,}); {N_KEYS} keys, each batch {min(PAIRS)}-"
               f"{max(PAIRS)} pairs (log-uniform); " + protocol(b, b["recall_steps"]))
@@ -210,7 +210,7 @@ def exp_induction(ctx):
         ax.set(xlabel="attended position", ylabel="position", title=(
             f"layer 1: previous token ({100 * prev:.0f}% of weight)" if layer == 0 else
             f"layer 2: induction stripe ({100 * induct:.0f}% of weight)"))
-    n_params = {name: sum(p.numel() for p in tuned[name].runs[0].model.parameters()) for name in configs}
+    n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     steps = {name: " / ".join(str(run.steps) for run in tuned[name].runs.values()) for name in configs}
     save(ctx, fig, "induction.png", f"2-layer GPT ({n_params['gpt']:,} params) vs 2-layer LSTM "
          f"({n_params['lstm']:,}); segments of 8-32 distinct tokens out of 32; {protocol(b, b['induction_steps'])}; "
