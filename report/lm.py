@@ -40,16 +40,16 @@ from report.tasks import rnn_width, seed_grid
 # evals, eval_iters: train.py's val estimates per run and batches per estimate (the curves); select_windows,
 # test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
 # Planned from the per-step costs of 2 threads of an EPYC Zen 3 (about 55 ms per step of the quick GPT at 8 x 256
-# tokens, 35 ms of its LSTM; 0.5 s and 0.3 s for the full preset's; ~5 s of start-up per run): quick ~300 s for 18
-# runs (lm 4 + 4 with the cheap seed protocol, positions 6, window 4), full ~77 min for 22 (lm 6 + 6: every grid
-# point with both seeds). 8 x 256 tokens a step is train.py's default 16 x 128. The quick grids are centred where two
+# tokens, 35 ms of its LSTM; 0.27 s and 0.07 s for the full preset's 4x128 GPT and its LSTM; ~9 s of start-up and
+# evaluation per run): quick ~300 s for 18 runs (lm 4 + 4, positions 6, window 4), full ~24 min for the same 18.
+# 8 x 256 tokens a step is train.py's default 16 x 128. The quick grids are centred where two
 # first quick runs put each model's best (GPT 5e-3 to 8e-3; LSTM about 1e-2, with seeds 0.3 nats apart).
 BUDGET = {
     "quick": dict(gpt=["model.n_layer=2", "model.n_head=2", "model.n_embd=64"], block_size=256, batch_size=8,
                   steps=160, lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), grid_seeds=1, seeds=2,
                   evals=8, eval_iters=4, select_windows=128, test_windows=512, windows=[32, 64]),
-    "full": dict(gpt=[], block_size=256, batch_size=8, steps=400, lrs=dict(gpt=[2e-3, 4e-3, 8e-3],
-                 lstm=[4e-3, 8e-3, 1.6e-2]), grid_seeds=2, seeds=2, evals=8, eval_iters=4, select_windows=256,
+    "full": dict(gpt=["model.n_embd=128"], block_size=256, batch_size=8, steps=300, lrs=dict(gpt=[2e-3, 4e-3, 8e-3],
+                 lstm=[5e-3, 1e-2, 2e-2]), grid_seeds=1, seeds=2, evals=8, eval_iters=4, select_windows=256,
                  test_windows=None, windows=[32, 64]),
 }
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ BUDGET = {  # what the experiments may spend; both models always get the same ca
         selection=96,  # sequences per selection set (recall: per number of pairs), scored every eval_every steps
         test=256,  # sequences per test set (recall: per number of pairs), scored once per run
     ),
-    "full": dict(batch=32, recall_steps=2500, induction_steps=4000, lrs={"gpt": (1e-2, 3e-2, 1e-1),
-                 "lstm": (3e-3, 1e-2, 3e-2)}, widths={"gpt": (32, 128), "lstm": (38, 154, 231)}, grid_seeds=2,
-                 selection=256, test=1024),
+    "full": dict(batch=32, recall_steps=2000, induction_steps=3000, lrs={"gpt": (3e-3, 1e-2, 3e-2, 1e-1),
+                 "lstm": (1e-3, 3e-3, 1e-2, 3e-2)}, widths={"gpt": (32, 128), "lstm": (38, 154)}, grid_seeds=1,
+                 selection=192, test=512),
 }
 TRAIN = dict(eval_every=50, patience=4, stop_at=0.995)  # train_synthetic's stopping rule, stated in every figure
 
