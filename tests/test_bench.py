@@ -56,3 +56,13 @@ def test_the_long_recipe_trains_for_the_references_wall_less_the_short_recipes_s
     runs = {bench.REFERENCE: [(100.0, 2000, 1.9, 95.0)], "speedrun_cpu": [(20.0, 300, 1.88, 14.0)]}
     assert bench.long_recipe_budget(bench.LONG_RECIPE, runs) == ["train.time_budget_s=94.0", "train.max_iters=100000"]
     assert bench.long_recipe_budget("speedrun_cpu", runs) == []
+
+
+def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(bench, "train_run", lambda overrides, seed, args, sizes: ran.append(overrides) or (1, 2, 3, 4))
+    bench.main(["--quick", "--only", "ablation", "--levers", "POLAR,wsd"])
+    names = [line.split(" | ")[0][2:] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert names == ["change", bench.BASE, "+ Polar Express coefficients (5 steps)", "+ Polar Express, 4 steps",
+                     "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine"]
+    assert ran[2] == ["experiment=speedrun_cpu", "train.muon_ns=polar_express", "train.muon_ns_steps=4"]
