@@ -1,7 +1,7 @@
 """Why attention replaced RNNs, measured on this machine: a GPT against an LSTM of the same size, in one command.
 
     python compare.py                    # quick preset: reports/attention_vs_rnn/
-    python compare.py --full             # the full preset: wider grids, more steps, longer contexts
+    python compare.py --full             # longer caps, wider grids, a bigger LM: reports/attention_vs_rnn_full/
     python compare.py --only recall      # one experiment (or several, comma-separated); see EXPERIMENTS
     python compare.py --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
     python train.py && python compare.py --only text --text-run out  # the default GPT's heads on real code
@@ -80,7 +80,8 @@ def main():
     parser.add_argument("--text-run", help="a train.py run folder (a char-level GPT on the stdlib corpus) whose "
                         "attention the text experiment reads, e.g. out after `python train.py`; default: the lm "
                         "experiment's GPT")
-    parser.add_argument("--out", default="reports/attention_vs_rnn", help="where figures and tables go")
+    parser.add_argument("--out", help="where figures and tables go (default: reports/attention_vs_rnn, with --full "
+                        "reports/attention_vs_rnn_full)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
     args = parser.parse_args()
@@ -94,7 +95,8 @@ def main():
     except ValueError as e:
         parser.error(str(e))
     preset = "full" if args.full else "quick"
-    ctx = Context(preset, device, Path(args.out), args.data_path, hardware_name(device), args.text_run)
+    out = Path(args.out or "reports/attention_vs_rnn" + ("_full" if args.full else ""))
+    ctx = Context(preset, device, out, args.data_path, hardware_name(device), args.text_run)
     ctx.out.mkdir(parents=True, exist_ok=True)
     print(f"compare.py ({preset}) on {ctx.hardware}: {', '.join(names)}")
     seconds = {}

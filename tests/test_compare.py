@@ -1,8 +1,12 @@
 """compare.py's measuring tools: the counts behind Table 1. tests/test_report_recall.py has the synthetic tasks, equal
 sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
 tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
+import json
+import sys
+
 import torch
 
+import compare
 from config import ModelConfig
 from model import GPT
 from report.mechanism import autograd_depth, max_hops
@@ -24,3 +28,12 @@ def test_sequential_steps_constant_for_attention_linear_for_recurrence():
     assert per_step > 0 and lstm_depth(64) - lstm_depth(8) == 56 * per_step
     assert max_hops(4096, lambda i, n: range(i + 1, n)) == 1
     assert max_hops(4096, lambda i, n: [i + 1] if i + 1 < n else []) == 4095
+
+
+def test_each_preset_writes_its_own_report_folder(tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)  # the default folders are relative to where compare.py runs
+    for flags, folder in (([], "attention_vs_rnn"), (["--full"], "attention_vs_rnn_full")):
+        monkeypatch.setattr(sys, "argv", ["compare.py", "--only", "scaling", "--device", "cpu", *flags])
+        compare.main()
+        runs = json.loads((tmp_path / "reports" / folder / "runs.json").read_text())
+        assert runs["scaling"]["preset"] == ("full" if flags else "quick")
