@@ -53,7 +53,7 @@ CASES = {
     "unknown schedule": ("train.py", "train.schedule=step", "train.schedule='step' is unknown; use one of cosine, wsd"),
     "cooldown 0": ("train.py", "train.schedule=wsd train.cooldown=0", "train.cooldown=0.0 must be in (0, 1]"),
     "Polar Express past its coefficients": ("train.py", "train.muon_ns=polar_express train.muon_ns_steps=6",
-                                            "train.muon_ns_steps=6 must be 1 to 5 with train.muon_ns=polar_express"),
+                                            "train.muon_ns_steps=6 must be at most 5 with train.muon_ns=polar_express"),
     "log_interval 0": ("train.py", "logger.log_interval=0", "logger.log_interval=0 must be positive"),
     "unknown device": ("train.py", "train.device=tpu", "use auto, cpu, cuda, cuda:N or mps"),
     "block_size longer than the corpus": ("train.py", "model.block_size=100000",
