@@ -70,7 +70,8 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "+ Polar Express coefficients (5 steps)": ["train.muon_ns=polar_express"],
           "+ Polar Express, 4 steps": ["train.muon_ns=polar_express", "train.muon_ns_steps=4"],
           "+ 4 Newton-Schulz steps instead of 5": ["train.muon_ns_steps=4"],
-          "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine": ["train.schedule=wsd"]}
+          "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine": ["train.schedule=wsd"],
+          "+ fp32 where auto takes bf16 (train.dtype=float32)": ["train.dtype=float32"]}
 
 
 def table(header, rows):
