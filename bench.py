@@ -71,7 +71,7 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "+ Polar Express, 4 steps": ["train.muon_ns=polar_express", "train.muon_ns_steps=4"],
           "+ 4 Newton-Schulz steps instead of 5": ["train.muon_ns_steps=4"],
           "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine": ["train.schedule=wsd"],
-          "+ fp32 where auto takes bf16 (train.dtype=float32)": ["train.dtype=float32"]}
+          "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"]}
 
 
 def table(header, rows):
