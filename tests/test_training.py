@@ -212,10 +212,10 @@ def test_muon_takes_polar_express_and_its_steps_from_the_config():
     assert ns_schedule("quintic", 2, (1.0, 2.0, 3.0)) == (((1.0, 2.0, 3.0),) * 2, 1.0)
 
 
-@pytest.mark.parametrize("native, dtype, ns_dtype", [(False, "bfloat16", torch.float32), (True, "bfloat16", torch.bfloat16),
-                                                     (True, "float32", torch.float32), (False, "float32", torch.float32)])
-def test_make_optimizer_runs_newton_schulz_in_bf16_only_in_a_bf16_run_where_it_is_native(monkeypatch, native, dtype,
-                                                                                           ns_dtype):
+@pytest.mark.parametrize("native, dtype, ns_dtype", [
+    (False, "bfloat16", torch.float32), (True, "bfloat16", torch.bfloat16),
+    (True, "float32", torch.float32), (False, "float32", torch.float32)])
+def test_newton_schulz_runs_in_bf16_only_in_a_bf16_run_where_it_is_native(monkeypatch, native, dtype, ns_dtype):
     monkeypatch.setattr(training, "native_bf16", lambda device: native)
     _, muon = make_optimizer(tiny_gpt(), TrainConfig(optimizer="muon", dtype=dtype), CPU).optimizers
     assert muon.ns_dtype == ns_dtype
