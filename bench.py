@@ -8,7 +8,7 @@ training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparati
     python bench.py --only ablation --levers polar,wsd ...   # the full recipe beside the levers named so
     python bench.py --only prepare --bpe-file gpt2.tiktoken   # MB/s and peak memory, 1 and 2 workers, 256 MB
     python bench.py --quick                  # tiny sizes, one round: checks that everything runs
-    python bench.py --device cuda            # bf16 autocast, torch.compile and fused AdamW; MFU where the peak is known
+    python bench.py --device cuda            # bf16 autocast and torch.compile; MFU where the peak is known
 
 What is compared runs alternately (A B A B ...) and the tables show medians over rounds, so a neighbour that slows a
 shared machine for a while slows both sides. Warm-up steps and start-up are not timed, except in speedrun and
