@@ -34,8 +34,10 @@ def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None
         # drop a token when the tokens before it already hold top_p of the mass (the first always stays)
         drop = probs.cumsum(dim=-1) - probs > top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    # torch.multinomial's own draw for one sample, argmax(p / q) with q ~ Exp(1) (the Gumbel-max trick), the same
+    # tokens for the same generator; without its check that p is finite, which reads the tensor back every token
     probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all: cheaper per operation than no_grad

@@ -102,6 +102,18 @@ def test_top_k_and_top_p_draw_only_allowed_tokens():
     assert draws() == ({0, 1, 2, 3}, {0, 1, 2, 3})
 
 
+def test_sampling_draws_tokens_at_their_probabilities_as_torch_multinomial_does():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = probs.log().expand(40_000, -1)  # one distribution in every row, a zero-probability token last
+    drawn = sample_token(logits, generator=seeded(0))
+    assert torch.allclose(torch.bincount(drawn, minlength=5) / len(drawn), probs, atol=0.01)  # 4 sigma at p = 0.5
+    assert (drawn != 4).all()
+    for seed in range(20):  # the same tokens as multinomial for the same generator, so a seed keeps its text
+        rows = torch.randn(3, 11, generator=seeded(100 + seed))
+        assert torch.equal(sample_token(rows, generator=seeded(seed)),
+                           torch.multinomial(rows.softmax(-1), 1, generator=seeded(seed))[:, 0])
+
+
 @pytest.mark.parametrize("type", ["gpt", "lstm"])
 @pytest.mark.parametrize("kw, message", [
     (dict(max_new_tokens=-1), "max_new_tokens=-1 must be >= 0"),
