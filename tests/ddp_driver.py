@@ -19,7 +19,9 @@ def main():
     train_module.build_model = lambda model_cfg: models.append(build_model(model_cfg)) or models[-1]
     train_module.train(compose(*sys.argv[1:]))
     weights = b"".join(p.detach().numpy().tobytes() for p in models[0].parameters())
-    print(f"rank {os.environ['RANK']} parameter sha256: {hashlib.sha256(weights).hexdigest()}", flush=True)
+    line = f"rank {os.environ['RANK']} parameter sha256: {hashlib.sha256(weights).hexdigest()}\n"
+    sys.stdout.write(line)  # in one write, newline included: print writes the newline apart, so ranks could glue lines
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
