@@ -1,9 +1,9 @@
 """A compact causal transformer (GPT) with RoPE, grouped-query and sliding-window attention, padding masks, a KV cache.
 
 Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions, the cache,
-attention, MLP, block, the model. The language-model interface it shares with rnn.py: forward(idx, targets,
+attention, MLP, block, the model. The language-model interface it shares with attnlab/rnn.py: forward(idx, targets,
 attention_mask, cache, last_logits_only) -> (logits, loss), new_cache, context_window, num_params,
-flops_per_token. `train.py` trains it; decode.py generates from it (`sample.py` on the command line).
+flops_per_token. `train.py` trains it; attnlab/decode.py generates from it (`sample.py` on the command line).
 """
 import math
 from dataclasses import dataclass

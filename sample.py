@@ -13,12 +13,12 @@ import hydra
 import torch
 from omegaconf import OmegaConf
 
-from checkpoint import load_model
-from config import SampleConfig, one_line_errors, register_configs, run_cli
+from attnlab.checkpoint import load_model
+from attnlab.config import SampleConfig, one_line_errors, register_configs, run_cli
 from data.tokenizers import GPT2Tokenizer, load_tokenizer
-from decode import generate_stream
-from hf import from_hf
-from runtime import autocast, autocast_dtype, pick_device
+from attnlab.decode import generate_stream
+from attnlab.hf import from_hf
+from attnlab.runtime import autocast, autocast_dtype, pick_device
 
 register_configs()
 

@@ -7,7 +7,7 @@
     torchrun --standalone --nproc_per_node=2 train.py   # DDP: one process per device
     torchrun --standalone --nproc_per_node=2 train.py train.parallel=fsdp  # FSDP2: each holds 1/2 of the model
 
-Every option and its default is in config.py; configs/ holds named presets. `train(cfg)` is the whole story in named
+Every option and its default is in attnlab/config.py; configs/ holds named presets. `train(cfg)` is the whole story in named
 steps: processes and device, data, model and optimizer (from scratch, from GPT-2 or resumed), the loop, teardown.
 """
 import math
@@ -24,16 +24,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from config import Config, ModelConfig, one_line_errors, register_configs, run_cli
+from attnlab.checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
+from attnlab.config import Config, ModelConfig, one_line_errors, register_configs, run_cli
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
-from distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
-from hf import pretrained_gpt2
-from runlog import RunLog
-from runtime import autocast, autocast_dtype, configure, peak_flops, to_device
-from scoring import Tally, byte_counts, full_score
-from training import get_lr, make_optimizer, set_lr, train_step
+from attnlab.distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
+from attnlab.hf import pretrained_gpt2
+from attnlab.record import RunLog
+from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
+from attnlab.scoring import Tally, byte_counts, full_score
+from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 
 register_configs()
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 from tqdm import tqdm
 
-from config import DataConfig
+from attnlab.config import DataConfig
 from data.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 DOCUMENT_SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet")

@@ -6,7 +6,7 @@
 """
 import sys
 
-from config import compose, one_line_errors, run_cli
+from attnlab.config import compose, one_line_errors, run_cli
 from data.corpus import load_meta, prepare
 
 

@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
+from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
 from train import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

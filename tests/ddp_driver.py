@@ -10,7 +10,7 @@ import os
 import sys
 
 import train as train_module
-from config import compose
+from attnlab.config import compose
 
 
 def main():

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from config import SampleConfig
+from attnlab.config import SampleConfig
 from conftest import TINY, FakeClock, compose, data_overrides, run_script
 from sample import sample
 from train import train

@@ -1,10 +1,10 @@
-"""bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
+"""scripts/bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
 import pytest
 import torch
 
-import bench
+import scripts.bench as bench
 from conftest import words_corpus
-from runtime import hardware_name
+from attnlab.runtime import hardware_name
 
 
 def test_quick_bench_prints_every_default_section(capsys):

@@ -1,4 +1,4 @@
-"""checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full disk)
+"""attnlab/checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full disk)
 keeps the previous checkpoint, leaves no temporary file and says so in one line; a newer format is refused;
 load_model picks the right file and build_model the right class. CPU, tiny models, seconds (the full-disk cases on a
 real tmpfs need root)."""
@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-import checkpoint
-from checkpoint import FORMAT, build_model, load_checkpoint, load_model, save_checkpoint
-from config import ModelConfig
+import attnlab.checkpoint as checkpoint
+from attnlab.checkpoint import FORMAT, build_model, load_checkpoint, load_model, save_checkpoint
+from attnlab.config import ModelConfig
 from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_script
 from model import GPT
-from rnn import RNN
-from runlog import read_metrics
+from attnlab.rnn import RNN
+from attnlab.record import read_metrics
 from train import train
 
 FIXTURE = REPO / "tests" / "fixtures" / "v0"  # README.md there says how ckpt_iter10.pt was made

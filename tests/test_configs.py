@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, LoggerConfig, ModelConfig, SampleConfig,
+from attnlab.config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, LoggerConfig, ModelConfig, SampleConfig,
                     TrainConfig, compose, register_configs)
-from hf import GPT2_ARCH, gpt2_config_problems
+from attnlab.hf import GPT2_ARCH, gpt2_config_problems
 from model import GPTConfig
-from rnn import RNNConfig
+from attnlab.rnn import RNNConfig
 
 PRESETS = [f"{p.parent.name}={p.stem}" for p in sorted(CONFIG_DIR.glob("*/*.yaml"))]
 HYDRA_GROUPS = Path(hydra.__file__).parent / "conf" / "hydra"  # hydra/job_logging, hydra/hydra_logging, ...
@@ -23,7 +23,7 @@ HYDRA_GROUPS = Path(hydra.__file__).parent / "conf" / "hydra"  # hydra/job_loggi
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_validates(preset):
-    if preset.startswith("hparams_search="):  # Optuna's sweeper: the optional requirements-sweeps.txt
+    if preset.startswith("hparams_search="):  # Optuna's sweeper: the optional extra sweeps
         pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     assert isinstance(compose(preset), Config)
 
@@ -126,7 +126,7 @@ def test_speed_experiments_compose_with_their_recipes():
             == (4, 128, 64, 12))
     long = compose("experiment=speedrun_cpu_long")
     assert (long.model.n_layer, long.model.block_size, long.train.batch_size) == (3, 128, 24)
-    # a step count, which repeats on any machine; bench.py gives it nanoGPT's wall on the machine as a budget instead
+    # a step count, which repeats on any machine; scripts/bench.py gives it nanoGPT's wall on the machine as a budget instead
     assert long.train.time_budget_s == 0 and long.train.max_iters == 640
     assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.train.muon_momentum,
             long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.train.muon_momentum, "full")

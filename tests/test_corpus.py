@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import data.corpus as corpus
-from config import DataConfig
+from attnlab.config import DataConfig
 from conftest import REPO, compose
 from data.corpus import load_meta, load_split, prepare
 from data.prepare import main as prepare_main

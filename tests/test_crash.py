@@ -19,7 +19,7 @@ import torch
 import train as train_module
 from conftest import REPO, TINY, compose, data_overrides, run_script
 from model import GPT
-from runlog import read_metrics
+from attnlab.record import read_metrics
 from train import train
 
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # every line is in the log at once, for the harness that polls it

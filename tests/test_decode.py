@@ -1,13 +1,13 @@
-"""decode.py, the one decoding loop, tested once for every model type (GPT, LSTM, GRU): cache == recomputation,
+"""attnlab/decode.py, the one decoding loop, tested once for every model type (GPT, LSTM, GRU): cache == recomputation,
 seeds, stop tokens, left padding, top-k / top-p, argument checks, and the context-overflow policy past block_size."""
 import re
 
 import pytest
 import torch
 
-from checkpoint import build_model
-from config import ModelConfig
-from decode import generate, sample_token
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig
+from attnlab.decode import generate, sample_token
 
 MODELS = ["gpt", "lstm", "gru"]
 VOCAB, W = 37, 16  # W: the GPT's block_size, its context window

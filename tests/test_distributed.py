@@ -8,11 +8,11 @@ import shutil
 import pytest
 import torch
 
-from checkpoint import build_model
-from config import TrainConfig
+from attnlab.checkpoint import build_model
+from attnlab.config import TrainConfig
 from conftest import compose, data_overrides, run_script
-from distributed import Processes, shard
-from runlog import read_metrics
+from attnlab.distributed import Processes, shard
+from attnlab.record import read_metrics
 from train import train
 
 # A constant learning rate (no warmup, min_lr = learning_rate), so a 4-step run resumed to 8 steps is a straight 8-step

@@ -1,4 +1,4 @@
-"""evaluate.py: a checkpoint scored on the whole of a text or of its run's split, as scoring.full_score scores it;
+"""scripts/evaluate.py: a checkpoint scored on the whole of a text or of its run's split, as scoring.full_score scores it;
 perplexity and bits per byte from the same total (hand-counted bytes for multi-byte characters and BPE tokens); a GRU
 too; the CLI prints the numbers, and every mistake is one line with exit status 2."""
 import io
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import build_model, load_model, save_checkpoint
-from config import DataConfig, EvalConfig, ModelConfig
+from attnlab.checkpoint import build_model, load_model, save_checkpoint
+from attnlab.config import DataConfig, EvalConfig, ModelConfig
 from conftest import compose, run_script, tiny_config
 from data.corpus import load_split
 from data.tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer
-from evaluate import evaluate
-from scoring import byte_counts, full_score
+from scripts.evaluate import evaluate
+from attnlab.scoring import byte_counts, full_score
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,7 +27,7 @@ HELD_OUT = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y 
 
 
 def scored(**kw):
-    """evaluate.py's result for EvalConfig(**kw) on the CPU, its printout discarded."""
+    """scripts/evaluate.py's result for EvalConfig(**kw) on the CPU, its printout discarded."""
     return evaluate(EvalConfig(device="cpu", dtype="float32", **kw), out=io.StringIO())
 
 
@@ -37,7 +37,7 @@ def val_split(out_dir):
 
 
 def untrained_run(out_dir, tokenizer):
-    """out_dir holding an untrained model's checkpoint for tokenizer: all evaluate.py needs to score a text."""
+    """out_dir holding an untrained model's checkpoint for tokenizer: all scripts/evaluate.py needs to score a text."""
     torch.manual_seed(0)
     model_cfg = ModelConfig(vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=16, block_size=8)
     out_dir.mkdir(parents=True)
@@ -139,7 +139,7 @@ def test_a_missing_run_or_a_one_token_text_names_the_fix(tmp_path):
 @pytest.mark.slow
 def test_the_cli_prints_the_numbers(tiny_run):
     expected = scored(out_dir=tiny_run)
-    result = run_script("evaluate.py", f"out_dir={tiny_run}", "device=cpu", "dtype=float32")
+    result = run_script("-m", "scripts.evaluate", f"out_dir={tiny_run}", "device=cpu", "dtype=float32")
     assert result.returncode == 0, result.stderr
     assert f"{expected['tokens']:,} tokens scored" in result.stdout
     for line in (f"loss        {expected['loss']:.4f} nats/token", f"perplexity  {expected['perplexity']:.3f}",
@@ -157,7 +157,7 @@ def test_every_mistake_is_one_line_and_exit_status_2(tiny_run, tmp_path):
         f"text={tmp_path}/missing.txt": "missing.txt does not exist; pass text=FILE",
     }
     with ThreadPoolExecutor(3) as pool:  # each case is a fresh python process, mostly importing torch
-        results = list(pool.map(lambda args: run_script("evaluate.py", f"out_dir={tiny_run}", "device=cpu",
+        results = list(pool.map(lambda args: run_script("-m", "scripts.evaluate", f"out_dir={tiny_run}", "device=cpu",
                                                         *args.split(" ")), cases))
     for (args, fix), result in zip(cases.items(), results):
         assert result.returncode == 2, (args, result.stderr)

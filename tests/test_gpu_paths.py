@@ -11,15 +11,15 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import distributed
-from checkpoint import load_checkpoint
-from config import SampleConfig, TrainConfig
+import attnlab.distributed as distributed
+from attnlab.checkpoint import load_checkpoint
+from attnlab.config import SampleConfig, TrainConfig
 from conftest import tiny_config
 from model import GPT, GPTConfig
-from runlog import read_metrics
+from attnlab.record import read_metrics
 from sample import sample
 from train import train
-from training import make_optimizer, train_step
+from attnlab.optim import make_optimizer, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""hf.py and export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens, both
+"""attnlab/hf.py and scripts/export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens, both
 directions; offline."""
 import base64
 import io
@@ -9,13 +9,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import export  # noqa: E402
-from checkpoint import load_checkpoint, load_model  # noqa: E402
-from config import ModelConfig, SampleConfig  # noqa: E402
+from scripts.export import export  # noqa: E402
+from attnlab.checkpoint import load_checkpoint, load_model  # noqa: E402
+from attnlab.config import ExportConfig, ModelConfig, SampleConfig  # noqa: E402
 from conftest import SHARED_DATA, run_script, tiny_config  # noqa: E402
 from data.tokenizers import GPT2_EOT  # noqa: E402
-from decode import generate  # noqa: E402
-from hf import GPT2_ARCH, from_hf, gpt2_config_problems, to_hf  # noqa: E402
+from attnlab.decode import generate  # noqa: E402
+from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import sample  # noqa: E402
 from train import train  # noqa: E402
@@ -103,7 +103,7 @@ def test_cli_exports_a_trained_run(tmp_path):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=4, eval_interval=4, eval_iters=1)
     cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, **GPT2_ARCH)
     train(cfg)
-    result = run_script("export.py", f"out_dir={cfg.out_dir}")
+    result = run_script("-m", "scripts.export", f"out_dir={cfg.out_dir}")
     assert result.returncode == 0, result.stderr
     ours, _ = load_model(cfg.out_dir, "best", "cpu")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "hf")
@@ -114,17 +114,15 @@ def test_cli_exports_a_trained_run(tmp_path):
 
 
 def test_cli_errors_are_one_line():
-    result = run_script("export.py", "out_dir=does/not/exist", timeout=120)
+    result = run_script("-m", "scripts.export", "out_dir=does/not/exist", timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no checkpoint in does/not/exist"), result.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "out_dir=DIR is required"), (["out_dir=x", "colour=blue"], "unknown argument 'colour=blue'; usage: ")])
-def test_cli_usage_mistakes_name_the_fix(args, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        export.main(args)
+def test_export_refuses_an_unknown_checkpoint_name():
+    with pytest.raises(ValueError, match=re.escape("checkpoint='newest' is unknown; use best or latest")):
+        export(ExportConfig(out_dir="x", checkpoint="newest"))
 
 
 def test_from_hf_offline_says_what_to_do(monkeypatch, tmp_path):

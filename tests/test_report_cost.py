@@ -1,15 +1,15 @@
-"""report/cost.py's experiments end to end at tiny sizes (figure and rows written, threads restored), the FLOP counts
+"""scripts/report/cost.py's experiments end to end at tiny sizes (figure and rows written, threads restored), the FLOP counts
 against a formula written out, the peak-memory measure against allocations of known size, and the KV cache's bytes.
 No wall-clock asserts."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import build_model
-from config import ModelConfig
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig
 from model import KVCache, manual_attention
-from report import Context, cost
-from runtime import peak_bytes
+from scripts.report import Context, cost
+from attnlab.runtime import peak_bytes
 
 CPU = torch.device("cpu")
 

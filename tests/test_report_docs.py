@@ -1,12 +1,12 @@
 """The report has one source of truth: every results table in README.md and docs/ is a copy of rows of a committed
-reports/attention_vs_rnn*/results.csv (the quick preset's, the full preset's), and names the hardware that the
+scripts/report/results/quick*/results.csv (the quick preset's, the full preset's), and names the hardware that the
 report's runs.json says the rows came from."""
 import csv
 import json
 
 from conftest import REPO
 
-REPORTS = sorted(REPO.glob("reports/attention_vs_rnn*"))  # the quick preset's report, then the full preset's
+REPORTS = [REPO / "scripts/report/results" / preset for preset in ("quick", "full")]
 HEADER = "| experiment | measure | GPT (attention) | LSTM (recurrence) |"
 
 

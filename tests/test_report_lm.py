@@ -1,4 +1,4 @@
-"""report/lm.py: the language-model experiments end to end on tiny models (train.py trains them, their checkpoints are
+"""scripts/report/lm.py: the language-model experiments end to end on tiny models (train.py trains them, their checkpoints are
 scored, rows, grid points and figures are written), and the measures they report: the loss at each position, where
 it stops improving, and a model run at twice its training length."""
 import json
@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import build_model, save_checkpoint
-from config import ModelConfig
+from attnlab.checkpoint import build_model, save_checkpoint
+from attnlab.config import ModelConfig
 from conftest import compose, words_corpus
-from report import Context, lm
-from report.mechanism import gradient_paths
-from runlog import RunLog, read_metrics
+from scripts.report import Context, lm
+from scripts.report.mechanism import gradient_paths
+from attnlab.record import RunLog, read_metrics
 from train import train
 
 TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,

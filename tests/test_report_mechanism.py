@@ -1,9 +1,9 @@
-"""report/mechanism.py: the worked example goes through model.py's attention and agrees with the formula."""
+"""scripts/report/mechanism.py: the worked example goes through model.py's attention and agrees with the formula."""
 import math
 
 import torch
 
-from report.mechanism import SCORES, example_weights
+from scripts.report.mechanism import SCORES, example_weights
 
 
 def test_worked_example_weights_are_the_softmax_of_the_scores_and_the_gradient_its_jacobian():

@@ -1,15 +1,15 @@
-"""report/tasks.py and report/recall.py: the synthetic batches, equal sizes, the bytes of state each model carries, the
+"""scripts/report/tasks.py and scripts/report/recall.py: the synthetic batches, equal sizes, the bytes of state each model carries, the
 stopping rule, the lr/seed grid, and both experiments end to end on tiny budgets."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint import build_model
-from config import ModelConfig
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig
 from model import KVCache
-from report import Context, recall, tasks
-from report.tasks import (Run, induction_batch, mixed_recall_batch, recall_batch, rnn_width, state_bytes,
+from scripts.report import Context, recall, tasks
+from scripts.report.tasks import (Run, induction_batch, mixed_recall_batch, recall_batch, rnn_width, state_bytes,
                           seed_grid, synthetic_models, train_synthetic, tune)
 
 

@@ -1,4 +1,4 @@
-"""report/text.py: the case finders on hand-written code, the measure on maps whose attention is known, and the
+"""scripts/report/text.py: the case finders on hand-written code, the measure on maps whose attention is known, and the
 experiment end to end on a tiny GPT trained on the stdlib corpus."""
 from pathlib import Path
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from config import Config, DataConfig, ModelConfig, TrainConfig
-from report import Context, text
+from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig
+from scripts.report import Context, text
 from train import train
 
 BRACKETS = ('def f(a, b=(1, 2)):\n'

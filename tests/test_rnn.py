@@ -1,4 +1,4 @@
-"""rnn.py: GPT's interface, causality, padding, carried state == recomputation, its own config checks, presets
+"""attnlab/rnn.py: GPT's interface, causality, padding, carried state == recomputation, its own config checks, presets
 matched to the GPT. Decoding from either model is tested once, in test_decode.py."""
 import io
 from dataclasses import replace
@@ -6,10 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from checkpoint import build_model
-from config import ModelConfig, SampleConfig
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig, SampleConfig
 from conftest import compose, tiny_config
-from rnn import RNN, RNNConfig, RNNState
+from attnlab.rnn import RNN, RNNConfig, RNNState
 from sample import sample
 from train import train
 

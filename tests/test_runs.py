@@ -1,4 +1,4 @@
-"""runs.py and runlog's comparison of runs: the table (only the config keys that differ, best final val loss first,
+"""scripts/runs.py and runlog's comparison of runs: the table (only the config keys that differ, best final val loss first,
 crashed, running and empty folders shown as such), the status a run records, and the table a sweep prints at its end."""
 import json
 import os
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import TINY, data_overrides, run_script, tiny_config
-from runlog import RunLog, find_runs, flatten, read_metrics, run_status, runs_table, summarize
-from distributed import Processes
+from attnlab.record import RunLog, find_runs, flatten, read_metrics, run_status, runs_table, summarize
+from attnlab.distributed import Processes
 from train import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -158,7 +158,7 @@ def test_runs_shows_crashed_killed_and_empty_folders_beside_a_sweep(sweep, tmp_p
                       evals=[(0, 9.0)], status="running", pid=dead_pid())
     (tmp_path / "empty").mkdir()
     png = tmp_path / "runs.png"
-    result = run_script("runs.py", str(sweep_dir), str(tmp_path / "nan"), str(killed), str(tmp_path / "empty"),
+    result = run_script("-m", "scripts.runs", str(sweep_dir), str(tmp_path / "nan"), str(killed), str(tmp_path / "empty"),
                         "--png", str(png))
     assert result.returncode == 0, result.stderr
     cells = table(result.stdout)

@@ -1,4 +1,4 @@
-"""runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the A B A B timing and the machine's
+"""attnlab/runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the A B A B timing and the machine's
 name, the git commit. GPU-only checks are skipped without CUDA."""
 import importlib.util
 import re
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import runtime
-from config import DTYPES
+import attnlab.runtime as runtime
+from attnlab.config import DTYPES
 from conftest import REPO
 
 CPU = torch.device("cpu")

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from config import ModelConfig, SampleConfig
+from attnlab.config import ModelConfig, SampleConfig
 from conftest import FakeClock, run_script, tiny_config
 from sample import quote_prompts, sample
 from train import train

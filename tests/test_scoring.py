@@ -1,4 +1,4 @@
-"""scoring.py: the whole-stream score covers every token once, from the tokens before it in its block; bits per
+"""attnlab/scoring.py: the whole-stream score covers every token once, from the tokens before it in its block; bits per
 byte leave out tokens that cover no text."""
 import math
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig
-from scoring import full_score
+from attnlab.scoring import full_score
 
 
 def test_full_score_covers_every_token_once_with_its_block_as_context():

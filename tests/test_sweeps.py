@@ -1,4 +1,4 @@
-"""Sweeps through Hydra's plugins (requirements-sweeps.txt): the Optuna preset (configs/hparams_search/) minimises the
+"""Sweeps through Hydra's plugins (the sweeps extra): the Optuna preset (configs/hparams_search/) minimises the
 val loss that train.py returns and reports its best trial; the submitit launcher that configs/hydra/launcher/slurm.yaml
 configures runs a sweep's jobs, here through submitit's local executor. Each job writes its own run folder."""
 import json
@@ -7,13 +7,13 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from config import CONFIG_DIR, register_configs
+from attnlab.config import CONFIG_DIR, register_configs
 from conftest import TINY, compose, data_overrides, run_script
 from data.corpus import prepare
-from runlog import read_metrics
+from attnlab.record import read_metrics
 
-pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -r requirements-sweeps.txt")
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -r requirements-sweeps.txt")
+pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='pip install -e ".[sweeps]"')
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason='pip install -e ".[sweeps]"')
 
 # 4 steps with an evaluation halfway, so the learning rate moves the final val loss; a hung job fails the test
 SHORT = [*TINY, "train.max_iters=4", "train.eval_interval=2"]

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import train as train_module
-from checkpoint import load_checkpoint, load_model
-from config import ModelConfig
+from attnlab.checkpoint import load_checkpoint, load_model
+from attnlab.config import ModelConfig
 from conftest import TINY, FakeClock, data_overrides, run_script, tiny_config
 from data.corpus import load_split
-from runlog import read_metrics
+from attnlab.record import read_metrics
 from data.tokenizers import load_tokenizer
-from scoring import byte_counts, full_score
+from attnlab.scoring import byte_counts, full_score
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY, compose, tiny_config
-from decode import generate
+from attnlab.decode import generate
 from model import GPT, GPTConfig, apply_rope, banded_attention, rope_tables
 from train import train
 

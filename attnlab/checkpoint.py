@@ -1,0 +1,93 @@
+"""Checkpoints: plain data written atomically, loaded with weights_only=True, and the model rebuilt from one.
+
+A checkpoint is a dict: the unwrapped model's state dict, the optimizer's, the model config (config.ModelConfig as a
+dict), the whole run config, the corpus's meta.json, the iteration, best val loss, elapsed seconds, skipped steps and
+RNG states; FORMAT numbers its layout. train.py writes them; sample.py, scripts/export.py and scripts/report read them.
+"""
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from attnlab.config import ModelConfig
+from model import GPT
+from attnlab.rnn import RNN
+
+FORMAT = 1  # the layout above; files from before the number existed (format 0) hold the same keys
+
+
+def build_model(model_cfg: ModelConfig | dict):
+    """A freshly initialised GPT or RNN for model_cfg (a ModelConfig, or its dict as a checkpoint holds it)."""
+    model_cfg = ModelConfig(**model_cfg) if isinstance(model_cfg, dict) else model_cfg
+    architecture = model_cfg.architecture()
+    return GPT(architecture) if model_cfg.type == "gpt" else RNN(architecture)
+
+
+def save_checkpoint(path, state):
+    """Write to a temporary file, then rename: a crash leaves the old checkpoint or the new, never a torn one. A
+    failed write (a full disk, say) removes the temporary file and raises OSError in one line."""
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({**state, "format": FORMAT}, f)
+            os.fsync(f.fileno())  # on disk before the rename, so a power cut cannot leave the new name on a torn file
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError without errno
+        free = shutil.disk_usage(path.parent).free if path.parent.exists() else None
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.strerror:
+            why = e.strerror
+        elif free is not None and free < 2 ** 20:
+            why = f"the disk is full: {free:,} bytes were left"
+        else:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        kept = f"the previous {path.name} is intact" if path.exists() else f"no earlier {path.name} exists"
+        then = "continue with train.resume=true" if (path.parent / "ckpt.pt").exists() else "run the same command again"
+        raise OSError(f"could not write checkpoint {path} ({why}); {kept}; free some space, then {then}") from None
+
+
+def load_checkpoint(path):
+    """A checkpoint is plain data, so it loads with weights_only=True: a file that would run code is refused."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file, or one that only an unsafe unpickler would read
+        code = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        why = (f"it holds a Python object ({code[1]}) that would run code when loaded, which is refused" if code
+               else "it is truncated or not a checkpoint")
+        raise ValueError(f"cannot load checkpoint {path}: {why}; delete it or pick another out_dir") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "meta"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a checkpoint written by train.py; delete it or pick another out_dir")
+    if ckpt.get("format", 0) > FORMAT:
+        raise ValueError(f"{path} has checkpoint format {ckpt['format']}, newer than this code's {FORMAT}; update "
+                         f"attnlab (git pull) to read it")
+    return ckpt
+
+
+def check_same_model(saved: dict, current: ModelConfig, out_dir):
+    """Refuse to load weights into a model of another shape, naming every field that differs. A field the saved
+    config lacks is newer than the file, which was trained with that field's default (window=0: full attention)."""
+    saved = {**asdict(ModelConfig()), **saved}
+    differ = [f"{k}={saved[k]!r} vs {v!r}" for k, v in asdict(current).items() if saved[k] != v]
+    if differ:
+        raise ValueError(f"checkpoint in {out_dir} was trained with another model (saved vs now): "
+                         f"{', '.join(differ)}; drop those overrides or use a new out_dir")
+
+
+def load_model(out_dir, which="best", device="cpu"):
+    """The model of a training run in eval mode, and its corpus's meta (the tokenizer): best.pt (lowest val loss,
+    else the latest) or latest (ckpt.pt)."""
+    if which not in ("best", "latest"):
+        raise ValueError(f"checkpoint={which!r} is unknown; use best or latest")
+    out_dir = Path(out_dir)
+    candidates = [out_dir / "best.pt", out_dir / "ckpt.pt"] if which == "best" else [out_dir / "ckpt.pt"]
+    path = next((p for p in candidates if p.exists()), None)
+    if path is None:
+        raise FileNotFoundError(f"no checkpoint in {out_dir}; train one with: python train.py out_dir={out_dir}")
+    ckpt = load_checkpoint(path)
+    model = build_model(ckpt["model_config"])
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt["meta"]

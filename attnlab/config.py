@@ -1,0 +1,266 @@
+"""The typed configuration schema: every default lives here once (the model's shape in model.py's GPTConfig,
+which ModelConfig extends, since model.py stays free of any config framework).
+
+Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
+value of the wrong type fails at start-up, in one line (`run_cli`); each dataclass checks its own values in
+`__post_init__`. `train.py`, `sample.py` and `scripts/evaluate.py` receive plain dataclasses; `compose(...)` gives the
+same ones to scripts and tests.
+"""
+import functools
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from attnlab.decode import check_sampling
+from model import GPTConfig, require
+from attnlab.rnn import RNNConfig
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+MODEL_TYPES = ("gpt", "lstm", "gru")
+CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
+TOKENIZERS = ("char", "gpt2", "bpe")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig(GPTConfig):
+    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of width n_embd; attention fields unused)
+
+    def __post_init__(self):
+        require(self.type in MODEL_TYPES, f"model.type={self.type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")
+        self.architecture()  # the chosen model validates the fields it reads, and only those
+
+    def architecture(self) -> GPTConfig | RNNConfig:
+        """The chosen model's own config, from the fields that model reads."""
+        cls = GPTConfig if self.type == "gpt" else RNNConfig
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)})
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # the corpus: stdlib (built in) | shakespeare_char | shakespeare | text
+    path: str | None = None  # a local UTF-8 text file, or a folder of .txt/.md/.jsonl/.jsonl.gz/.parquet documents
+    url: str | None = None  # where a downloadable corpus comes from
+    tokenizer: str = "char"  # char (vocabulary from the corpus) | gpt2 (GPT-2's BPE) | bpe (a BPE of the corpus's own)
+    bpe_file: str | None = None  # a local gpt2.tiktoken ranks file, for the gpt2 tokenizer offline
+    bpe_vocab_size: int = 4096  # tokenizer=bpe: its vocabulary (256 bytes, merges, end-of-text); 4096 to 65536 typical
+    text_field: str = "text"  # the key of a .jsonl record, or the column of a .parquet file, that holds a document
+    num_proc: int = 0  # worker processes tokenizing the corpus; 0 means one per CPU core
+    val_fraction: float = 0.1  # the last 10% of the token stream is the validation split
+    dir: str = "data/prepared"  # prepared corpora live in dir/<name>-<tokenizer>-<source hash>/
+
+    def __post_init__(self):
+        require(self.name in CORPORA, f"data.name={self.name!r} is unknown; use one of {', '.join(CORPORA)}")
+        require(self.tokenizer in TOKENIZERS,
+                f"data.tokenizer={self.tokenizer!r} is unknown; use one of {', '.join(TOKENIZERS)}")
+        require(0 < self.val_fraction < 1, f"data.val_fraction={self.val_fraction} must be between 0 and 1, e.g. 0.1")
+        require(self.num_proc >= 0, f"data.num_proc={self.num_proc} must be >= 0 (0: one per CPU core)")
+        require(self.bpe_vocab_size >= 258, f"data.bpe_vocab_size={self.bpe_vocab_size} must be at least 258 (256 "
+                                            f"bytes, a merge and end-of-text), e.g. 4096")
+        require(self.name != "stdlib" or not (self.path or self.url),
+                "data=stdlib reads the Python standard library, not data.path or data.url; add data=text to train "
+                "on your own text")
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how the arithmetic runs, for training and sampling alike."""
+    device: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | cuda:1 | mps
+    dtype: str = "auto"  # auto (bf16 autocast where native: runtime.native_bf16) | float32 | bfloat16 | float16
+    # training: initial weights and dropout (each micro-batch is drawn from seed, step and micro-step); sampling: draws
+    seed: int = 1337
+
+    def __post_init__(self):
+        require(self.dtype in DTYPES, f"dtype={self.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class TrainConfig(RuntimeConfig):
+    compile: bool = False  # torch.compile the model (pays off on long GPU runs)
+    batch_size: int = 16  # sequences per micro-batch, per process
+    tokens_per_step: int = 0  # tokens per optimizer step across processes; 0 means one micro-batch each
+    max_iters: int = 350  # optimizer steps
+    learning_rate: float = 2e-3  # peak learning rate
+    min_lr: float = 1e-4  # learning rate at the end of the decay
+    schedule: str = "cosine"  # the decay after warmup: cosine | wsd (flat, then linear to min_lr over the cooldown)
+    cooldown: float = 0.5  # schedule=wsd: the fraction of the run (steps, or the time budget) the decay takes
+    warmup_iters: int = 100  # linear warmup steps
+    weight_decay: float = 0.1  # AdamW decay, on matrices only
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # clip the global gradient norm; 0 disables
+    eval_interval: int = 200  # steps between validation estimates (and checkpoints)
+    eval_iters: int = 20  # validation batches per estimate (fixed batches, same every time)
+    checkpoint_interval: int = 0  # steps between checkpoints; 0 means at every evaluation
+    resume: bool = False  # continue from out_dir/ckpt.pt
+    init_from: str | None = None  # fine-tune GPT-2: gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a save_pretrained dir
+    skip_nonfinite: bool = False  # skip a step whose loss is nan/inf (no update; counted, logged) instead of stopping
+    optimizer: str = "muon"  # muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains) | adamw
+    muon_lr: float = 0.02  # Muon's peak learning rate; it follows learning_rate's warmup and decay
+    muon_momentum: float = 0.85  # Muon's (Nesterov) momentum
+    muon_ns: str = "quintic"  # Muon's orthogonalisation: quintic (torch's Newton-Schulz) | polar_express
+    muon_ns_steps: int = 5  # its iterations, a third of Muon's step each (polar_express: at most 5)
+    time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
+    final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
+    # how several processes (torchrun) share the work: ddp (a whole copy of the model each) | fsdp (FSDP2: each holds
+    # 1/N of the weights, gradients and optimizer state, for a model that does not fit one device); one process: unused
+    parallel: str = "ddp"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate", "muon_ns_steps"):
+            if not getattr(self, name) > 0:  # written so that nan fails too
+                raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
+        for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        choices = dict(optimizer=("adamw", "muon"), schedule=("cosine", "wsd"), muon_ns=("quintic", "polar_express"),
+                       final_eval=("estimate", "full"), parallel=("ddp", "fsdp"))
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
+        if not 0 < self.cooldown <= 1:
+            raise ValueError(f"train.cooldown={self.cooldown} must be in (0, 1]: the fraction of the run that decays")
+        if self.muon_ns == "polar_express" and self.muon_ns_steps > 5:  # its coefficients are for 5 iterations
+            raise ValueError(f"train.muon_ns_steps={self.muon_ns_steps} must be at most 5 with "
+                             "train.muon_ns=polar_express")
+
+
+@dataclass
+class LoggerConfig:
+    log_interval: int = 10  # steps between metric lines
+    wandb: bool = False  # also log to Weights & Biases
+    wandb_project: str = "attnlab"
+    wandb_run_name: str | None = None  # None: the out_dir's name
+    wandb_group: str | None = None  # runs shown together; None: a sweep's jobs share its out_dir's name
+    wandb_mode: str = "online"  # online | offline | disabled
+
+    def __post_init__(self):
+        if self.log_interval <= 0:
+            raise ValueError(f"logger.log_interval={self.log_interval} must be positive")
+        if self.wandb_mode not in ("online", "offline", "disabled"):
+            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is unknown; use online, offline or disabled")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    out_dir: str = "out"  # checkpoints, metrics, the resolved config and the loss curve
+
+
+@dataclass
+class SampleConfig(RuntimeConfig):
+    out_dir: str = "out"  # the training run to sample from
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    prompt: str = "\n"  # text to continue
+    prompts: list[str] = field(default_factory=list)  # several prompts, sampled as one left-padded batch
+    prompt_file: str | None = None  # read the prompt from this file instead
+    num_samples: int = 1  # samples, generated as one batch
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0 is greedy; higher is more random
+    top_k: int | None = 200  # keep the k likeliest tokens; None keeps all
+    top_p: float | None = None  # keep the smallest set holding this much probability; None keeps all
+    kv_cache: bool = True  # reuse past keys and values instead of recomputing the context each token
+    init_from: str | None = None  # sample published GPT-2 instead of a run: gpt2 | ... | a save_pretrained dir
+    bpe_file: str | None = None  # with init_from: a local gpt2.tiktoken file, for the tokenizer offline
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.num_samples >= 1, f"num_samples={self.num_samples} must be >= 1")
+        check_sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+
+
+@dataclass
+class EvalConfig(RuntimeConfig):
+    out_dir: str = "out"  # the training run to score
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    text: str | None = None  # a UTF-8 text file to score, every token of it
+    split: str | None = None  # or a split of the corpus the run trained on: val | train; neither given: val
+    batch_size: int = 16  # windows of block_size tokens scored at once; the result is the same up to rounding
+    json: bool = False  # print one JSON object, for scripts, instead of the readable block
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.split in (None, "val", "train"), f"split={self.split!r} is unknown; use val or train")
+        require(not (self.text and self.split), "pass text=FILE or split=val|train, not both")
+        require(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+
+
+@dataclass
+class ExportConfig:
+    out_dir: str = "out"  # the training run to export (trained with model=gpt2, any size)
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    hf_dir: str | None = None  # where the Hugging Face folder goes; None: out_dir/hf
+
+    def __post_init__(self):
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+
+
+def register_configs():
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(name="sample_schema", node=SampleConfig)
+    cs.store(name="evaluate_schema", node=EvalConfig)
+    cs.store(name="export_schema", node=ExportConfig)
+
+
+def compose(*overrides, config_name="config"):
+    """The dataclass that `python train.py OVERRIDES` runs (config_name="sample": sample.py's), without Hydra's
+    run directory or logging: for scripts and tests."""
+    register_configs()
+    with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return OmegaConf.to_object(hydra.compose(config_name=config_name, overrides=list(overrides)))
+
+
+def run_cli(hydra_main, help_script=None):
+    """Run a @hydra.main entry point. A mistake on the command line (an unknown key, a value of the wrong type, a
+    missing preset) is reported like every other mistake: one line naming the fix, exit status 2. The fix points at
+    `python <help_script> --help` (the running script by default)."""
+    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's complete stack trace
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise its errors to us instead of printing several lines
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException) as e:
+        if full_error:
+            raise
+        print(f"error: {hydra_error_line(e, help_script or Path(sys.argv[0]).name)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def one_line_errors(task):
+    """For an entry point's task function: a mistake the program finds (ValueError; OSError, such as a missing file or
+    a full disk) ends it in one line, `error: ...`, and exit status 2. Caught inside the task, since Hydra adds lines
+    of its own to an error that leaves one."""
+    @functools.wraps(task)
+    def run(*args, **kwargs):
+        try:
+            return task(*args, **kwargs)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    return run
+
+
+def hydra_error_line(e, help_script):
+    """First lines only of Hydra's message and of the OmegaConf error behind it, then the fix: Hydra's own advice
+    (append a key with +key=value, the config search path) does not help here."""
+    message = str(e).splitlines()[0].rstrip(".")
+    if isinstance(e, MissingConfigException) and e.options:
+        return f"{message}; the choices are {', '.join(e.options)}"
+    if isinstance(e, OverrideParseException):
+        return f"{message}; quote a value holding spaces or symbols: 'key=\"a value\"'"
+    if isinstance(e.__cause__, OmegaConfBaseException):
+        message += f": {str(e.__cause__).splitlines()[0]}"
+    return f"{message}; python {help_script} --help lists every key, its default and the presets"

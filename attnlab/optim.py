@@ -1,0 +1,175 @@
+"""The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizer, the schedule, one step.
+
+    optimizer = make_optimizer(model, cfg.train, device)
+    set_lr(optimizer, get_lr(it, cfg.train))
+    loss = train_step(model, optimizer, [(x, y)], grad_clip=cfg.train.grad_clip)
+"""
+import math
+from contextlib import nullcontext
+
+import torch
+
+from attnlab.config import TrainConfig
+from attnlab.runtime import autocast_dtype, native_bf16
+
+
+def get_lr(it, t: TrainConfig, seconds=0.0):
+    """Linear warmup to learning_rate, then a decay to min_lr that ends at max_iters, or with a time budget at
+    time_budget_s seconds of training, whichever comes first: cosine (schedule=cosine), or flat until the last
+    `cooldown` of the run and linear from there (schedule=wsd, warmup-stable-decay)."""
+    if it < t.warmup_iters:
+        return t.learning_rate * (it + 1) / t.warmup_iters
+    progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
+    if t.time_budget_s > 0:
+        progress = max(progress, seconds / t.time_budget_s)
+    progress = min(progress, 1.0)
+    if t.schedule == "wsd":
+        decayed = max(0.0, progress - (1.0 - t.cooldown)) / t.cooldown
+        return t.learning_rate - decayed * (t.learning_rate - t.min_lr)
+    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (t.learning_rate - t.min_lr)
+
+
+def set_lr(optimizer, lr):
+    """Every group at lr, times its lr_scale (Muon's groups run at muon_lr / learning_rate of the schedule)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def make_optimizer(model, t: TrainConfig, device):
+    """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the blocks'
+    matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers");
+    embeddings, the head and the gains stay on AdamW, as Muon's authors advise."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def on_muon(name, p):  # a matrix inside a block
+        return t.optimizer == "muon" and p.dim() == 2 and name.startswith("transformer.h.")
+
+    hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    # torch's fused kernel on the CPU too: at nanoGPT's 4x128 its step took 0.65 ms against foreach's 5.3 on an EPYC
+    # Zen 3, and the whole training step ran 2-4% faster
+    fused = device.type in ("cpu", "cuda")
+    adamw = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.beta1, t.beta2), fused=fused)
+    if not hidden:
+        return adamw
+    # bf16 iterations only in a mixed-precision run on a device that computes bf16 natively; an fp32 run keeps them in
+    # fp32 too (on a CPU, small models train faster so: at 128 wide fp32 was 1.2x faster than bf16 on an AMX Xeon)
+    mixed = autocast_dtype(device, t.dtype) is not None
+    muon = Muon([{"params": hidden, "lr_scale": t.muon_lr / t.learning_rate}], lr=t.muon_lr, momentum=t.muon_momentum,
+                weight_decay=t.weight_decay, ns_steps=t.muon_ns_steps, ns_method=t.muon_ns,
+                ns_dtype=torch.bfloat16 if mixed and native_bf16(device) else torch.float32)
+    return Optimizers(adamw, muon)
+
+
+# Polar Express (Amsel et al. 2025, "The Polar Express"): a coefficient triple per iteration, each step's polynomial
+# chosen for the singular values the steps before it leave, so five iterations bring them closer to 1 than torch's one
+# quintic five times (fewer are the first triples of the five, not a schedule fitted for fewer); the 2% headroom on
+# the normalisation keeps the top singular value inside the range they were fitted for, as modded-nanogpt uses them
+POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
+
+
+def ns_schedule(method, steps, quintic=(3.4445, -4.775, 2.0315)):
+    """The (a, b, c) of each Newton-Schulz iteration and the normalisation's headroom: torch's quintic `steps` times,
+    or the first `steps` Polar Express triples."""
+    return ((tuple(quintic),) * steps, 1.0) if method == "quintic" else (POLAR_EXPRESS[:steps], 1.02)
+
+
+def orthogonalize(update, coefficients, eps, dtype, headroom=1.0):
+    """Newton-Schulz's quintic iterations towards the nearest semi-orthogonal matrix, one per (a, b, c) of
+    coefficients, computed in dtype; torch's own (torch.optim._muon._zeropower_via_newtonschulz) with the dtype a
+    choice instead of bf16 and the coefficients free to change from one iteration to the next."""
+    tall = update.size(0) > update.size(1)
+    x = update.to(dtype)
+    x = x.T if tall else x
+    x = x / (x.norm() * headroom).clamp(min=eps)  # spectral norm at most 1 / headroom
+    for a, b, c in coefficients:
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """torch's Muon (same options, state and checkpoints) with the Newton-Schulz iterations in ns_dtype: torch's run
+    in bf16, which a CPU without native bf16 computes several times slower than fp32 (runtime.native_bf16); ns_method
+    quintic is torch's iteration, polar_express the same number of steps with Polar Express's coefficients."""
+
+    def __init__(self, params, ns_dtype=torch.bfloat16, ns_method="quintic", **options):
+        super().__init__(params, **options)
+        self.ns_dtype, self.ns_method = ns_dtype, ns_method
+
+    @torch.no_grad()
+    def step(self, closure=None):  # closure: torch.distributed.checkpoint steps with one to create the state
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, buffers = [], [], []
+            self._init_group(group, params, grads, buffers)
+            for p, grad, buffer in zip(params, grads, buffers):
+                buffer.lerp_(grad, 1 - group["momentum"])
+                update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+                coefficients, headroom = ns_schedule(self.ns_method, group["ns_steps"], group["ns_coefficients"])
+                update = orthogonalize(update, coefficients, group["eps"], self.ns_dtype, headroom)
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-torch.optim._muon._adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+class Optimizers:
+    """Several optimizers that step, zero and checkpoint as one, so the loop and GradScaler see a single one."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self):  # read afresh: load_state_dict replaces each optimizer's group dicts
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return [o.state_dict() for o in self.optimizers]
+
+    def load_state_dict(self, states):
+        for o, state in zip(self.optimizers, states, strict=True):
+            o.load_state_dict(state)
+
+
+def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None):
+    """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss
+    (a DDP model all-reduces them on the last micro-batch only; an FSDP one reduce-scatters them after each, so they
+    stay sharded between micro-batches); then, if the loss is finite, clip the gradient norm (of DTensors under FSDP)
+    to grad_clip (0: no clipping) and step. all_mean(loss) averages the loss across processes, so every process takes
+    the same decision. Returns the loss as a float; after a non-finite one no step is taken and the gradients are
+    dropped, and the caller decides whether to go on."""
+    scaler = scaler or torch.amp.GradScaler(enabled=False)
+    step_loss = torch.zeros((), device=batches[0][0].device)
+    for i, (x, y) in enumerate(batches):
+        accumulate = i < len(batches) - 1 and hasattr(model, "no_sync")
+        with model.no_sync() if accumulate else nullcontext(), autocast:
+            loss = model(x, y)[1] / len(batches)
+        scaler.scale(loss).backward()
+        step_loss += loss.detach()
+    if all_mean is not None:
+        step_loss = all_mean(step_loss)
+    loss_value = step_loss.item()
+    if math.isfinite(loss_value):
+        if grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_value

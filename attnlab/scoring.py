@@ -1,0 +1,79 @@
+"""Scoring: loss and bits per byte of a model's predictions; over a whole token stream, every token once
+(train.py's final_eval=full and scripts/evaluate.py), or over sampled batches (train.py's estimates).
+
+Bits per byte put char-level and BPE models, and other repositories' numbers, on one scale: the nats of the tokens
+that cover text, summed, over the UTF-8 bytes they cover, / ln 2. An end-of-text token covers no text (0 bytes) and
+is left out of both sums.
+
+The stream is cut into consecutive non-overlapping windows of block_size tokens (the last one shorter); each token
+is predicted from the tokens before it in its window, as in training. A window starts afresh (an RNN from a zero
+state): a token early in a window sees less context than a sliding window would give it, at block_size times less
+compute.
+"""
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def byte_counts(tokenizer, device):
+    """(vocab_size,) the UTF-8 bytes each token id covers, on device: what bits per byte divide by."""
+    return torch.from_numpy(tokenizer.token_bytes(np.arange(tokenizer.vocab_size))).to(device)
+
+
+@dataclass
+class Tally:
+    """Running sums over scored batches."""
+    byte_counts: torch.Tensor  # (vocab_size,) from byte_counts()
+    nats: float = 0.0  # summed loss of every token
+    tokens: int = 0
+    text_nats: float = 0.0  # summed loss of the tokens that cover text
+    bytes: int = 0
+
+    def add(self, logits, targets, mean_loss):
+        """A batch's logits (B, T, vocab), targets (B, T) and the model's mean loss over them."""
+        self.nats += mean_loss.item() * targets.numel()
+        self.tokens += targets.numel()
+        nats = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+        covered = self.byte_counts[targets.flatten()]
+        self.text_nats += nats[covered > 0].sum().item()
+        self.bytes += int(covered.sum().item())
+
+    @property
+    def loss(self):
+        return self.nats / self.tokens
+
+    @property
+    def bits_per_byte(self):
+        return self.text_nats / self.bytes / math.log(2) if self.bytes else math.nan
+
+
+@torch.no_grad()
+def score_stream(model, data, batch_size, block_size, byte_counts, amp=nullcontext()):
+    """Yields the running Tally after each batch of windows of data (a 1-D array of ids), for a progress bar; the
+    last covers every token after the first."""
+    device = byte_counts.device
+    ids = torch.from_numpy(np.asarray(data).astype(np.int64))
+    n_blocks = (len(ids) - 1) // block_size
+    blocks = ids[:n_blocks * block_size + 1].unfold(0, block_size + 1, block_size)  # (n_blocks, T + 1)
+    batches = list(blocks.split(batch_size)) + [ids[n_blocks * block_size:][None]]  # the tail, (1, < T + 1)
+    tally = Tally(byte_counts)
+    for batch in batches:
+        if batch.size(1) < 2:
+            continue
+        x, y = batch[:, :-1].to(device), batch[:, 1:].to(device)
+        with amp:
+            logits, loss = model(x, y)
+        tally.add(logits, y, loss)
+        yield tally
+
+
+def full_score(model, data, batch_size, block_size, byte_counts, amp=nullcontext()) -> Tally:
+    """The Tally of every token of data after the first."""
+    tally = None
+    for tally in score_stream(model, data, batch_size, block_size, byte_counts, amp):
+        pass
+    return tally

@@ -1,0 +1,36 @@
+"""Export a training run as a Hugging Face GPT-2 folder (config.json, model.safetensors).
+
+    python -m scripts.export out_dir=out/mini                          # best.pt (else ckpt.pt) -> out/mini/hf
+    python -m scripts.export out_dir=out/mini checkpoint=latest hf_dir=/tmp/mini-hf
+
+The folder loads with `transformers.GPT2LMHeadModel.from_pretrained(hf_dir)`; attnlab/hf.py holds the conversion.
+"""
+import os
+
+import hydra
+from omegaconf import OmegaConf
+
+from attnlab.checkpoint import load_model
+from attnlab.config import CONFIG_DIR, ExportConfig, one_line_errors, register_configs, run_cli
+from attnlab.hf import to_hf
+
+register_configs()
+
+
+def export(cfg: ExportConfig):
+    """Write cfg.out_dir's checkpoint as a Hugging Face folder; returns the folder."""
+    model, _ = load_model(cfg.out_dir, cfg.checkpoint, "cpu")
+    hf_dir = cfg.hf_dir or os.path.join(cfg.out_dir, "hf")
+    to_hf(model, hf_dir)
+    print(f"wrote {hf_dir} from {cfg.out_dir}; load it with transformers.GPT2LMHeadModel.from_pretrained({hf_dir!r})")
+    return hf_dir
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="export")
+@one_line_errors
+def main(dict_cfg):
+    export(OmegaConf.to_object(dict_cfg))
+
+
+if __name__ == "__main__":
+    run_cli(main, help_script="-m scripts.export")

@@ -1,0 +1,51 @@
+"""The attention-vs-RNN report's experiments, one module per question; `python -m scripts.report` runs them.
+
+    mechanism.py  why the formula is what it is: √d_k, a worked example, paths and sequential steps, gradients
+    tasks.py      the synthetic tasks (associative recall, induction), their training loop and the lr/seed grid
+    recall.py     recall and induction, both models tuned alike, and recall against bytes of state
+    lm.py         language modelling at equal tokens and time, loss by position, positions and windows compared
+    text.py       what a trained GPT's heads attend to in real code
+    cost.py       training throughput against length and batch, long-context time and memory, generation
+
+Each experiment is a function of a Context: it appends rows to the results table (ctx.row), every trained grid
+point to the grid table (ctx.grid_point) and saves its figures (ctx.save), each figure labelled with its models,
+budget and hardware.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
+
+RESULTS = Path(__file__).resolve().parent / "results"  # the committed reports: quick/ and full/
+RUNS = Path("out/compare")  # training runs the report makes (git-ignored); later experiments reuse them
+
+
+@dataclass
+class Context:
+    preset: str  # quick | full: each experiment module's BUDGET[preset] says what it may spend
+    device: torch.device
+    out: Path  # where figures and tables go
+    data_path: str | None = None  # a text file for the language-model experiments (None: the stdlib corpus)
+    hardware: str = ""
+    text_run: str | None = None  # the run folder whose GPT the text experiment reads (None: the lm experiment's)
+    rows: list = field(default_factory=list)
+    grid: list = field(default_factory=list)
+
+    def row(self, experiment, measure, gpt, lstm, note=""):
+        self.rows.append(dict(experiment=experiment, measure=measure, gpt=gpt, lstm=lstm, note=note))
+
+    def grid_point(self, experiment, model, setting, lr, seed, steps, seconds, metric, value):
+        """One trained configuration, kept whether or not it was the best: the whole grid is part of the receipt."""
+        self.grid.append(dict(experiment=experiment, model=model, setting=setting, lr=lr, seed=seed, steps=steps,
+                              seconds=round(seconds, 1), metric=metric, value=value))
+
+    def save(self, fig, name, detail):
+        """Every figure carries its models, budget and hardware, so a PNG read alone is still a receipt."""
+        fig.text(0.01, -0.02, f"{detail}\n{self.hardware}; python -m scripts.report ({self.preset})", fontsize=7,
+                 color="dimgray", va="top")
+        fig.savefig(self.out / name, dpi=100, bbox_inches="tight")
+        plt.close(fig)

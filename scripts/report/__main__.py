@@ -1,0 +1,114 @@
+"""Why attention replaced RNNs, measured on this machine: a GPT against an LSTM of the same size, in one command.
+
+    python -m scripts.report                    # quick preset: scripts/report/results/quick/
+    python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
+    python -m scripts.report --only recall      # one experiment (or several, comma-separated); see EXPERIMENTS
+    python -m scripts.report --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
+    python train.py && python -m scripts.report --only text --text-run out  # the default GPT's heads on real code
+
+Each run rewrites its experiments' rows of results.csv (the table to read first) and grid.csv (every trained
+configuration of every grid), keeping other experiments' rows, then results.md and one PNG per figure. Seeds are
+fixed; figures name model sizes, steps and hardware. The experiments live in report/; docs/attention.md walks
+through the mechanism behind each figure.
+"""
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from scripts.report import RESULTS, Context
+from scripts.report.cost import exp_generation, exp_long, exp_throughput
+from scripts.report.lm import exp_lm, exp_positions, exp_window
+from scripts.report.mechanism import exp_paths, exp_scaling
+from scripts.report.recall import exp_induction, exp_recall
+from scripts.report.text import exp_text
+from attnlab.runtime import hardware_name, pick_device
+
+# in this order, which is also the tables': positions, window, text and paths read the lm experiment's runs
+EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, induction=exp_induction, lm=exp_lm, positions=exp_positions,
+                   window=exp_window, text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
+                   generation=exp_generation)
+RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
+GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
+
+
+def merge_csv(path, fields, new_rows, replaced):
+    """path's rows of experiments not in replaced, then new_rows, in EXPERIMENTS order (stable within each)."""
+    old = list(csv.DictReader(path.open())) if path.exists() else []
+    rows = sorted([r for r in old if r["experiment"] not in replaced] + new_rows,
+                  key=lambda r: list(EXPERIMENTS).index(r["experiment"]))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+def write_report(ctx, ran, seconds):
+    """Merge this run's rows into results.csv (keeping other experiments' rows), then rewrite results.md."""
+    csv_path, runs_path = ctx.out / "results.csv", ctx.out / "runs.json"
+    replaced = set(ran) | {r["experiment"] for r in ctx.rows}  # paths may have run lm for its models
+    rows = merge_csv(csv_path, RESULT_FIELDS, ctx.rows, replaced)
+    merge_csv(ctx.out / "grid.csv", GRID_FIELDS, ctx.grid, replaced)
+    runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
+    for name in ran:
+        runs[name] = dict(seconds=round(seconds[name]), preset=ctx.preset, hardware=ctx.hardware,
+                          torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+    runs_path.write_text(json.dumps(runs, indent=1) + "\n")
+    table = ["| experiment | measure | GPT (attention) | LSTM (recurrence) | note |", "|---|---|---|---|---|"]
+    table += [f"| {r['experiment']} | {r['measure']} | {r['gpt']} | {r['lstm']} | {r['note']} |" for r in rows]
+    lines = ["# Attention vs recurrence, measured", "",
+             "Written by `python -m scripts.report`; every number below comes from the run listed under it.", "",
+             *table, "", "| experiment | preset | wall time | hardware | torch | date |", "|---|---|---|---|---|---|",
+             *[f"| {n} | {r['preset']} | {r['seconds']} s | {r['hardware']} | {r['torch']} | {r['date']} |"
+               for n, r in sorted(runs.items(), key=lambda kv: list(EXPERIMENTS).index(kv[0]))],
+             "", "Figures: " + ", ".join(f"[{p.name}]({p.name})" for p in sorted(ctx.out.glob("*.png"))),
+             "Complexity table by sequence length: [paths.md](paths.md)." if (ctx.out / "paths.md").exists() else ""]
+    (ctx.out / "results.md").write_text("\n".join(lines).rstrip() + "\n")
+    print("\n".join(table))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="the stated budgets instead of the quick preset")
+    parser.add_argument("--only", help=f"comma-separated experiments out of: {', '.join(EXPERIMENTS)}")
+    parser.add_argument("--data-path", help="a UTF-8 text file for the lm experiment (default: the stdlib corpus)")
+    parser.add_argument("--text-run", help="a train.py run folder (a char-level GPT on the stdlib corpus) whose "
+                        "attention the text experiment reads, e.g. out after `python train.py`; default: the lm "
+                        "experiment's GPT")
+    parser.add_argument("--out", help="where figures and tables go (default: scripts/report/results/quick, with --full "
+                        "scripts/report/results/full)")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(EXPERIMENTS)
+    if unknown := set(names) - set(EXPERIMENTS):
+        parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(EXPERIMENTS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
+    preset = "full" if args.full else "quick"
+    out = Path(args.out) if args.out else RESULTS / preset
+    ctx = Context(preset, device, out, args.data_path, hardware_name(device), args.text_run)
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    print(f"report ({preset}) on {ctx.hardware}: {', '.join(names)}")
+    seconds = {}
+    for name in (bar := tqdm(sorted(names, key=list(EXPERIMENTS).index), desc="compare", unit="experiment")):
+        bar.set_postfix_str(name)
+        t0 = time.time()
+        EXPERIMENTS[name](ctx)
+        seconds[name] = time.time() - t0
+        tqdm.write(f"{name}: {seconds[name]:.0f} s")
+    write_report(ctx, names, seconds)
+    print(f"total {sum(seconds.values()):.0f} s; results in {ctx.out}/results.md")
+
+
+if __name__ == "__main__":
+    main()

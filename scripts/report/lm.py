@@ -1,0 +1,433 @@
+"""Language modelling, every model trained by `python train.py` on one corpus at one context length: a GPT against an
+LSTM of the same size at equal tokens and at equal wall time, each at its own best learning rate; the loss at each
+position of the context (does the LSTM stop using context after ~100 tokens while the transformer keeps improving, as
+Kaplan et al. 2020 found in their figure 7?); the GPT's position schemes, also run at twice their training length; and
+sliding-window attention against full attention.
+
+Protocol: each model's learning rate is chosen on the first half of the corpus's val split (the selection loss of the
+final weights) and every number reported comes from the second half (the test loss); both models get the same steps,
+batch and schedule (warmup, cosine decay to lr/10 at the cap). train.py has no early stop, so every run trains to the
+cap; a run that was still improving there (by more than PLATEAU_NATS over its last quarter) is flagged in the rows.
+Runs live in out/compare/<experiment>/; out/compare/lm/summary.json holds the lm experiment's choices, which the
+positions, window, paths and text experiments read (lm_summary, best_run).
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from attnlab.checkpoint import build_model, load_checkpoint
+from attnlab.config import compose
+from data.corpus import load_meta, load_split, prepare
+from attnlab.record import read_metrics
+
+from scripts.report import RUNS
+from scripts.report.tasks import rnn_width, seed_grid
+
+# gpt: the GPT as train.py overrides (the LSTM is configs/model/lstm.yaml at the width matching its parameter count);
+# block_size, batch_size, steps: the same context, sequences per step and step cap for every run; lrs: each model's
+# AdamW grid; grid_seeds: the seeds every grid point is trained with, seeds: those the chosen lr is trained with;
+# evals, eval_iters: train.py's val estimates per run and batches per estimate (the curves); select_windows,
+# test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
+# Planned from the per-step costs of 2 threads of an EPYC Zen 3 (about 55 ms per step of the quick GPT at 8 x 256
+# tokens, 35 ms of its LSTM; 0.27 s and 0.07 s for the full preset's 4x128 GPT and its LSTM; ~9 s of start-up and
+# evaluation per run): quick ~300 s for 18 runs (lm 4 + 4, positions 6, window 4), full ~24 min for the same 18
+# (measured: 28 min, lm 10.5 + positions 10.5 + window 7).
+# 8 x 256 tokens a step is train.py's default 16 x 128. The quick grids are centred where two
+# first quick runs put each model's best (GPT 5e-3 to 8e-3; LSTM about 1e-2, with seeds 0.3 nats apart).
+BUDGET = {
+    "quick": dict(gpt=["model.n_layer=2", "model.n_head=2", "model.n_embd=64"], block_size=256, batch_size=8,
+                  steps=160, lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), grid_seeds=1, seeds=2,
+                  evals=8, eval_iters=4, select_windows=128, test_windows=512, windows=[32, 64]),
+    "full": dict(gpt=["model.n_embd=128"], block_size=256, batch_size=8, steps=300, lrs=dict(gpt=[2e-3, 4e-3, 8e-3],
+                 lstm=[5e-3, 1e-2, 2e-2]), grid_seeds=1, seeds=2, evals=8, eval_iters=4, select_windows=256,
+                 test_windows=None, windows=[32, 64]),
+}
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
+PLATEAU_NATS = 0.01  # a run whose val loss fell by more than this over its last quarter was still improving at the cap
+SATURATION = 0.01  # "stops improving": the loss is within 1% of the end of the context's
+SCHEMES = ("rope", "learned", "sinusoidal", "none")  # model.pos; the lm experiment's GPT is the rope one
+
+
+def exp_lm(ctx):
+    """The GPT against the LSTM of the same size, each tuned alike, at equal tokens and equal time; loss by position."""
+    shutil.rmtree(RUNS / "lm", ignore_errors=True)  # scripts/report owns these runs; train.py never overwrites
+    summary = setup(ctx)
+    for name in ("gpt", "lstm"):
+        summary[name] |= tune(ctx, summary, name)
+    (RUNS / "lm" / "summary.json").write_text(json.dumps(summary, indent=1))
+    curves = {name: torch.tensor([r["by_position"] for r in summary[name]["runs"]]) for name in ("gpt", "lstm")}
+    lm_rows(ctx, summary, curves)
+    lm_figure(ctx, summary, curves)
+
+
+def lm_rows(ctx, summary, curves):
+    """The results table's lm rows; curves: each model's test loss by position, (seeds, T)."""
+    gpt, lstm = summary["gpt"], summary["lstm"]
+    T, tokens = summary["block_size"], summary["steps"] * summary["batch_size"] * summary["block_size"]
+    ctx.row("lm", "models", f"{gpt['desc']}, {gpt['params']:,} params", f"{lstm['desc']}, {lstm['params']:,} params",
+            f"corpus {summary['corpus']} ({summary['vocab']} tokens; a unigram model, which ignores the context, "
+            f"scores {summary['unigram']:.2f} nats); context {T} for both; {summary['steps']} steps x "
+            f"{summary['batch_size']} sequences each; AdamW, fp32")
+    ctx.row("lm", f"test loss at equal tokens ({tokens / 1e6:.2f}M), final weights",
+            spread([r["test"] for r in gpt["runs"]]), spread([r["test"] for r in lstm["runs"]]),
+            f"{lr_note(gpt, 'gpt')}; {lr_note(lstm, 'lstm')}; {seeds_note(summary)}; "
+            f"{improving_note(summary)}")
+    common = min(r["curve"][-1][0] for name in ("gpt", "lstm") for r in summary[name]["runs"])
+    at_common = lambda runs: spread([np.interp(common, *zip(*r["curve"])) for r in runs])
+    ctx.row("lm", f"val loss at equal wall time ({common:.0f} s)", at_common(gpt["runs"]), at_common(lstm["runs"]),
+            "train.py's val estimates interpolated at the shorter run's end; the longer run is read mid-schedule")
+    ctx.row("lm", "wall seconds to the step cap (training and train.py's evaluations)",
+            spread([r["seconds"] for r in gpt["runs"]], 0), spread([r["seconds"] for r in lstm["runs"]], 0),
+            f"{ctx.hardware}, one run at a time")
+    groups = [(end - 7, end) for end in sorted({8, 64, 128, T}) if end <= T]
+    at = lambda c: " / ".join(spread(c[:, a - 1:b].mean(1).tolist(), 2) for a, b in groups)  # c: (seeds, T)
+    ctx.row("lm", "test loss at positions " + " / ".join(f"{a}-{b}" for a, b in groups), at(curves["gpt"]),
+            at(curves["lstm"]), f"{seeds_note(summary)}; the test half in windows of {T}, the same for both "
+            f"models, so what the text at a position costs is shared")
+    saturated = {name: [saturation(c) for c in curves[name]] for name in curves}
+    ctx.row("lm", f"position after which the loss falls by less than {SATURATION:.0%} to position {T}",
+            *(" / ".join(map(str, saturated[name])) for name in ("gpt", "lstm")),
+            f"per seed; the first half-octave bin within {SATURATION:.0%} of the last bin's loss; "
+            + kaplan_note(curves, T))
+
+
+def setup(ctx):
+    """The shared settings and both models as train.py overrides: the preset's GPT, and configs/model/lstm.yaml at
+    the width (report.tasks.rnn_width) that gives it the GPT's parameter count on this corpus's vocabulary."""
+    budget = BUDGET[ctx.preset]
+    data = ["data=text", f"data.path={ctx.data_path}"] if ctx.data_path else []
+    shape = [f"model.block_size={budget['block_size']}"]
+    gpt = compose(*budget["gpt"], *shape, *data)
+    data_dir = prepare(gpt.data, budget["block_size"])  # once, before the runs, which then find it prepared
+    vocab = load_meta(data_dir)["vocab_size"]
+    params = build_model(replace(gpt.model, vocab_size=vocab)).num_params()
+    lstm = replace(compose("model=lstm", *shape).model, vocab_size=vocab)
+    lstm = replace(lstm, n_embd=rnn_width(params, vocab, lstm.n_layer, tied=lstm.tie_weights))
+    summary = dict(preset=ctx.preset, corpus=corpus_name(ctx), vocab=vocab, data_dir=str(data_dir),
+                   unigram=unigram_entropy(data_dir),
+                   **{key: budget[key] for key in ("block_size", "batch_size", "steps", "grid_seeds")})
+    models = {"gpt": (gpt.model, budget["gpt"]), "lstm": (lstm, ["model=lstm", f"model.n_embd={lstm.n_embd}"])}
+    for name, (cfg, overrides) in models.items():
+        desc = f"{cfg.n_layer}x{cfg.n_embd} " + (f"GPT, {cfg.n_head} heads" if name == "gpt" else "LSTM")
+        summary[name] = dict(overrides=[*overrides, *shape, *data], desc=desc, n_layer=cfg.n_layer,
+                             data_dir=str(data_dir), params=build_model(replace(cfg, vocab_size=vocab)).num_params())
+    return summary
+
+
+def tune(ctx, summary, name):
+    """Train every lr of the model's grid with the grid seeds, choose the lr of the lowest mean selection loss, train
+    it with the remaining seeds. Returns the lr, whether it lies at an end of the grid, the grid and the chosen runs."""
+    budget = BUDGET[ctx.preset]
+    lrs, setting = budget["lrs"][name], f"context={summary['block_size']}"
+    mean_select = lambda runs: float(np.mean([run["select"] for run in runs]))
+    best, grid, runs = seed_grid(lambda lr, seed: fit(ctx, summary, "lm", name, setting, [], lr, seed), lrs,
+                                 list(range(budget["seeds"])), budget["grid_seeds"], lambda runs: -mean_select(runs))
+    grid_seeds = range(budget["grid_seeds"])
+    selection = [(lr, mean_select([grid[lr, seed] for seed in grid_seeds])) for lr in lrs]
+    return dict(lr=best, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)), grid=selection, runs=list(runs.values()))
+
+
+def fit(ctx, summary, experiment, name, setting, extra, lr, seed):
+    """One configuration trained by train.py, then scored on its final weights: the selection loss, and the test loss
+    at each position. Both go to the grid table; returns the run's record."""
+    budget, steps = BUDGET[ctx.preset], summary["steps"]
+    out = RUNS / experiment / f"{name}-{setting.replace('=', '')}-lr{lr:g}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    # fp32 and AdamW for both (auto would take bf16 where it is native; muon, Muon for the GPT's blocks only)
+    train_run([*summary[name]["overrides"], *extra, f"train.batch_size={summary['batch_size']}",
+               f"train.device={ctx.device}", "train.dtype=float32", "train.optimizer=adamw",
+               f"train.learning_rate={lr}", f"train.min_lr={lr / 10}", f"train.max_iters={steps}",
+               f"train.warmup_iters={steps // 10}", f"train.eval_interval={max(1, steps // budget['evals'])}",
+               f"train.eval_iters={budget['eval_iters']}", f"train.seed={seed}",
+               f"logger.log_interval={max(1, steps // 20)}", f"out_dir={out}"])
+    evals = read_metrics(out, "eval")
+    select_half, test_half = halves(summary["data_dir"])
+    model, T = final_model(out, device=ctx.device), summary["block_size"]
+    select = position_losses(model, select_half, T, budget["select_windows"]).mean().item()
+    test = position_losses(model, test_half, T, budget["test_windows"])
+    earlier = [r for r in evals if r["iter"] <= 0.75 * evals[-1]["iter"]][-1]  # the start of the last quarter
+    run = dict(out=str(out), lr=lr, seed=seed, iters=evals[-1]["iter"], seconds=evals[-1]["elapsed_s"],
+               curve=[(r["elapsed_s"], r["val_loss"]) for r in evals], select=select, test=test.mean().item(),
+               by_position=[round(v, 4) for v in test.tolist()],
+               improving=earlier["val_loss"] - evals[-1]["val_loss"] > PLATEAU_NATS)
+    for metric in ("select", "test"):
+        ctx.grid_point(experiment, name, setting, lr, seed, run["iters"], run["seconds"],
+                       "selection loss" if metric == "select" else "test loss", round(run[metric], 4))
+    return run
+
+
+def train_run(overrides):
+    """`python train.py OVERRIDES` from this working directory (relative paths mean what they mean here), on this
+    process's torch threads; its progress and errors print as they come."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    if subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides], env=env).returncode:
+        sys.exit(f"compare: `python train.py {' '.join(overrides)}` failed; its error is above")
+
+
+def unigram_entropy(data_dir):
+    """Nats per token of the train split's token frequencies: the loss of a model that ignores the context."""
+    counts = np.bincount(load_split(data_dir, "train"))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def halves(data_dir):
+    """The val split's first half (selection: choosing the lr) and second half (test: every reported number)."""
+    val = load_split(data_dir, "val")
+    return val[:len(val) // 2], val[len(val) // 2:]
+
+
+def final_model(out, block_size=None, device="cpu"):
+    """A run's final weights (ckpt.pt) in eval mode, optionally in a model built for another context length: RoPE and
+    sinusoidal tables are rebuilt for it (they are not saved), learned position embeddings cannot be."""
+    ckpt = load_checkpoint(Path(out) / "ckpt.pt")
+    model = build_model({**ckpt["model_config"], **({"block_size": block_size} if block_size else {})})
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def position_losses(model, tokens, T, windows=None, batch_size=32):
+    """Mean loss at each position 1..T, (T,), over non-overlapping windows of tokens (evenly spaced ones where
+    windows caps their number)."""
+    available = (len(tokens) - 1) // T
+    if available < 1:
+        raise ValueError(f"{len(tokens)} tokens hold no window of {T + 1}; use a longer corpus or a shorter context")
+    starts = np.linspace(0, available - 1, min(available, windows or available)).astype(int) * T
+    device, total = next(model.parameters()).device, 0.0
+    for i in tqdm(range(0, len(starts), batch_size), desc=f"scoring {len(starts)} windows", leave=False):
+        rows = tokens[starts[i:i + batch_size, None] + np.arange(T + 1)]  # (B, T + 1)
+        batch = torch.from_numpy(rows.astype(np.int64)).to(device)
+        logits = model(batch[:, :-1])[0]  # (B, T, vocab)
+        total += F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none").sum(0)  # (T,)
+    return (total / len(starts)).cpu()
+
+
+def half_octaves(curves):
+    """Bins of positions that widen with the position, starting at 1, 2, 3, 4, 6, 8, 11, 16, 23, ... (2^(k/2)
+    rounded), so that the late ones, where the loss changes slowly, average over many tokens: (bin starts, the mean
+    of curves (..., T) over each bin (..., bins))."""
+    T = curves.size(-1)
+    starts = sorted({round(2 ** (k / 2)) for k in range(int(2 * math.log2(T)) + 1)} - {T})
+    ends = [*starts[1:], T + 1]
+    return starts, torch.stack([curves[..., a - 1:b - 1].mean(-1) for a, b in zip(starts, ends)], -1)
+
+
+def saturation(losses):
+    """The first position from which the loss (T,) falls by less than SATURATION (relative) by the end of the context:
+    the start of the first half-octave bin whose mean loss is within SATURATION of the last bin's."""
+    starts, means = half_octaves(losses)
+    return next(a for a, m in zip(starts, means.tolist()) if m <= means[-1] * (1 + SATURATION))
+
+
+def kaplan_note(curves, T):
+    """Whether the LSTM stops improving by position ~100 while the GPT keeps improving after it, on the seeds' mean."""
+    if T < 256:
+        return f"a context of {T} is too short to test Kaplan et al. 2020's ~100-token finding"
+    gpt, lstm = (saturation(curves[name].mean(0)) for name in ("gpt", "lstm"))
+    drop = {n: (c.mean(0)[90:127].mean() - c.mean(0)[180:].mean()).item() for n, c in curves.items()}
+    holds = lstm <= 128 < gpt
+    return (f"Kaplan et al. 2020 (fig. 7: the LSTM flat after ~100 tokens, the transformer still improving) "
+            f"{'holds' if holds else 'does not hold'} here: the seeds' mean curve saturates at position {gpt} "
+            f"(gpt) / {lstm} (lstm), and from positions 91-127 to 181-{T} the loss falls {drop['gpt']:.3f} / "
+            f"{drop['lstm']:.3f} nats")
+
+
+def spread(values, digits=3):
+    """Seeds' mean ± half their range."""
+    return f"{np.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f}"
+
+
+def lr_note(model, name):
+    grid = ", ".join(f"{lr:g}" for lr, _ in model["grid"])
+    return f"{name} lr {model['lr']:g} of [{grid}]" + (" (an end of the grid: the best may lie beyond)"
+                                                        if model["edge"] else "")
+
+
+def seeds_note(summary):
+    return f"mean ± half the range of seeds {', '.join(str(r['seed']) for r in summary['gpt']['runs'])}"
+
+
+def improving_note(summary):
+    still = {name: sum(r["improving"] for r in summary[name]["runs"]) for name in ("gpt", "lstm")}
+    n = len(summary["gpt"]["runs"])
+    return (f"still improving at the cap (> {PLATEAU_NATS} nats over the last quarter): gpt {still['gpt']} of {n} "
+            f"seeds, lstm {still['lstm']} of {n}")
+
+
+def capped_note(runs):
+    """How many of the runs {setting: [run]} were still improving at the cap."""
+    every = [r for rs in runs.values() for r in rs]
+    return f"{sum(r['improving'] for r in every)} of {len(every)} runs still improving at the cap"
+
+
+def lm_figure(ctx, summary, curves):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 3.8))
+    T = summary["block_size"]
+    for name, color in (("gpt", "C0"), ("lstm", "C1")):
+        model = summary[name]
+        a.semilogx(*zip(*model["grid"]), "o-", color=color, label=name)
+        a.plot(model["lr"], dict(model["grid"])[model["lr"]], "*", ms=12, color=color)
+        for r in model["runs"]:
+            b.plot(*zip(*r["curve"]), "o-" if r["seed"] == 0 else "s--", ms=3, color=color,
+                   label=f"{name} seed {r['seed']}")
+        starts, bins = half_octaves(curves[name])  # (seeds, bins)
+        centers = [(a + b - 1) / 2 for a, b in zip(starts, [*starts[1:], T + 1])]
+        c.semilogx(range(1, T + 1), curves[name].mean(0), color=color, alpha=0.25, lw=0.6)
+        c.errorbar(centers, bins.mean(0), yerr=(bins.mean(0) - bins.min(0).values, bins.max(0).values - bins.mean(0)),
+                   fmt="o-", ms=3, color=color, label=f"{name}: half-octave bins, seed range")
+        c.axvline(saturation(curves[name].mean(0)), color=color, ls=":", lw=1)
+    c.axhline(summary["unigram"], color="gray", ls="--", lw=1, label="unigram (no context)")
+    lrs = sorted({lr for name in ("gpt", "lstm") for lr, _ in summary[name]["grid"]})
+    a.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=7)
+    a.minorticks_off()
+    a.set(xlabel="peak learning rate (AdamW)", ylabel="selection loss (val 1st half)", title="lr grid (★ chosen)")
+    b.set(xlabel="wall seconds (training + train.py's evals)", ylabel="val loss (train.py's estimate)",
+          title="equal tokens, chosen lr")
+    c.set(xlabel="position in the context", ylabel="test loss (nats/token)",
+          title=f"loss by position (dotted: within {SATURATION:.0%} of the end)")
+    for ax in (a, b, c):
+        ax.legend(fontsize=7)
+    ctx.save(fig, "lm.png", lm_detail(summary))
+
+
+def lm_detail(summary):
+    """The figures' receipt of the lm experiment: corpus, models, budget and protocol."""
+    gpt, lstm = summary["gpt"], summary["lstm"]
+    seeds = summary["grid_seeds"]
+    return (f"corpus {summary['corpus']}; {gpt['desc']} ({gpt['params']:,} params, lr {gpt['lr']:g}) vs {lstm['desc']} "
+            f"({lstm['params']:,}, lr {lstm['lr']:g});\ncontext {summary['block_size']}, {summary['steps']} steps x "
+            f"{summary['batch_size']} sequences for both, AdamW fp32, warmup + cosine to lr/10; lr grid with seed"
+            f"{'s 0-' + str(seeds - 1) if seeds > 1 else ' 0'}, chosen on the val split's 1st half, then seeds "
+            f"{', '.join(str(r['seed']) for r in gpt['runs'])} at it; losses on the 2nd half")
+
+
+def exp_positions(ctx):
+    """RoPE, learned, sinusoidal and no position information in the lm experiment's GPT (its lr, steps and seeds), at
+    the trained length and at twice it."""
+    summary = lm_results(ctx)
+    gpt, T = summary["gpt"], summary["block_size"]
+    shutil.rmtree(RUNS / "positions", ignore_errors=True)
+    runs = {"rope": gpt["runs"]}
+    for pos in SCHEMES[1:]:
+        runs[pos] = [fit(ctx, summary, "positions", "gpt", f"pos={pos}", [f"model.pos={pos}"], gpt["lr"], r["seed"])
+                     for r in gpt["runs"]]
+    test_half, windows = halves(summary["data_dir"])[1], BUDGET[ctx.preset]["test_windows"]
+    long = lambda r: position_losses(final_model(r["out"], 2 * T, ctx.device), test_half, 2 * T,
+                                     windows and windows // 2)  # the same tokens in half as many windows
+    at_2T = {pos: torch.stack([long(r) for r in runs[pos]]) for pos in SCHEMES if pos != "learned"}
+    lstm_2T = torch.stack([long(r) for r in summary["lstm"]["runs"]])
+    tested = [pos for pos in SCHEMES if pos in at_2T]
+    ctx.row("positions", f"test loss at the trained length {T}: " + " / ".join(SCHEMES),
+            " / ".join(spread([r["test"] for r in runs[pos]]) for pos in SCHEMES),
+            spread([r["test"] for r in summary["lstm"]["runs"]]),
+            f"GPT at the lm experiment's lr {gpt['lr']:g} (tuned with rope) and budget; {seeds_note(summary)}; "
+            f"{capped_note(runs)}; LSTM for reference")
+    ctx.row("positions", f"test loss at positions {T + 1}-{2 * T}, run at {2 * T}: " + " / ".join(tested),
+            " / ".join(spread(c[:, T:].mean(1).tolist()) for c in at_2T.values()),
+            spread(lstm_2T[:, T:].mean(1).tolist()),
+            f"built with block_size={2 * T} and the trained weights loaded (RoPE and sinusoidal tables are rebuilt, "
+            f"not saved); learned positions have no embedding past {T}, so cannot run there; the LSTM's state "
+            f"simply carries on")
+    positions_figure(ctx, summary, runs, at_2T, lstm_2T)
+
+
+def positions_figure(ctx, summary, runs, at_2T, lstm_2T):
+    T, bin_size = summary["block_size"], max(1, summary["block_size"] // 16)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, pos in enumerate(SCHEMES):
+        curve = at_2T[pos] if pos in at_2T else torch.tensor([r["by_position"] for r in runs[pos]])
+        a.plot(*binned(curve.mean(0), bin_size), color=f"C{i}", label=pos)
+        tests = [[r["test"] for r in runs[pos]]] + ([at_2T[pos][:, T:].mean(1).tolist()] if pos in at_2T else [])
+        for j, values in enumerate(tests):
+            b.bar(i + 0.4 * j, np.mean(values), 0.4, yerr=[[np.mean(values) - min(values)],
+                  [max(values) - np.mean(values)]], color=f"C{i}", alpha=1 - 0.5 * j, capsize=3)
+    a.plot(*binned(lstm_2T.mean(0), bin_size), "k--", lw=1, label="LSTM")
+    a.axvline(T + 0.5, color="gray", ls=":", lw=1)
+    a.set(xlabel="position", ylabel=f"test loss, mean of {bin_size} positions",
+          title=f"trained at {T}, run at {2 * T} (right of the dotted line)")
+    low = min(min(r["test"] for r in rs) for rs in runs.values())
+    b.set(xticks=[i + 0.2 for i in range(len(SCHEMES))], xticklabels=SCHEMES, ylim=(0.95 * low, None),
+          ylabel="test loss", title=f"positions 1-{T} (solid), {T + 1}-{2 * T} (pale); seed range")
+    a.legend(fontsize=8)
+    ctx.save(fig, "positions.png", f"GPT {summary['gpt']['desc']} at lr {summary['gpt']['lr']:g} (the lm "
+             f"experiment's, tuned with rope), seeds {', '.join(str(r['seed']) for r in runs['rope'])}; "
+             + lm_detail(summary))
+
+
+def exp_window(ctx):
+    """Sliding-window attention (each query sees itself and window - 1 earlier tokens) against the lm experiment's
+    full-attention GPT at the same context, lr, steps and seeds: what the window costs."""
+    summary = lm_results(ctx)
+    gpt, T = summary["gpt"], summary["block_size"]
+    shutil.rmtree(RUNS / "window", ignore_errors=True)
+    sizes = [w for w in BUDGET[ctx.preset]["windows"] if w < T]
+    runs = {0: gpt["runs"]} | {w: [fit(ctx, summary, "window", "gpt", f"window={w}", [f"model.window={w}"],
+                                       gpt["lr"], r["seed"]) for r in gpt["runs"]] for w in sizes}
+    label = lambda w: f"window {w}" if w else "full"
+    tests = {w: [r["test"] for r in rs] for w, rs in runs.items()}
+    ctx.row("window", f"test loss at context {T}: " + " / ".join(map(label, runs)),
+            " / ".join(spread(v) for v in tests.values()), spread([r["test"] for r in summary["lstm"]["runs"]]),
+            f"{seeds_note(summary)}; {capped_note(runs)}; wall s "
+            + " / ".join(spread([r["seconds"] for r in rs], 0) for rs in runs.values()) + "; LSTM for reference")
+    ctx.row("window", "loss a window costs against full attention: " + " / ".join(map(label, sizes)),
+            " / ".join(spread([a - b for a, b in zip(tests[w], tests[0])]) for w in sizes), "-",
+            f"differences within each seed; {gpt['desc']} has {gpt['n_layer']} layers, so a token reaches "
+            + " / ".join(str(gpt["n_layer"] * (w - 1)) for w in sizes) + " tokens back")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (w, rs) in enumerate(runs.items()):
+        ax.plot(*binned(torch.tensor([r["by_position"] for r in rs]).mean(0), max(1, T // 16)), color=f"C{i}",
+                label=label(w))
+        if w:
+            ax.axvline(gpt["n_layer"] * (w - 1) + 1, color=f"C{i}", ls=":", lw=1)
+    ax.set(xlabel="position in the context", ylabel=f"test loss, mean of {max(1, T // 16)} positions",
+           title="sliding-window attention (dotted: the farthest a token reaches through all layers)")
+    ax.legend(fontsize=8)
+    ctx.save(fig, "window.png", f"GPT {gpt['desc']} at lr {gpt['lr']:g} (tuned with full attention); "
+             + lm_detail(summary))
+
+
+def binned(curve, size):
+    """(bin centres, means) of curve over consecutive bins of size positions: readable where one position is noisy."""
+    n = len(curve) // size * size
+    return torch.arange(n).view(-1, size).float().mean(1) + 1, curve[:n].view(-1, size).mean(1)
+
+
+def corpus_name(ctx):
+    return Path(ctx.data_path).name if ctx.data_path else "stdlib"
+
+
+def lm_summary():
+    """The last lm experiment's settings, choices and runs; {} before one has run."""
+    path = RUNS / "lm" / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def lm_results(ctx):
+    """lm_summary() for ctx's preset and corpus, running the lm experiment first where its runs are not there."""
+    summary = lm_summary()
+    if (summary.get("preset"), summary.get("corpus")) != (ctx.preset, corpus_name(ctx)) or not all(
+            Path(r["out"], "ckpt.pt").exists() for name in ("gpt", "lstm") for r in summary[name]["runs"]):
+        print(f"no lm runs for the {ctx.preset} preset on {corpus_name(ctx)} yet; running the lm experiment first")
+        exp_lm(ctx)
+        summary = lm_summary()
+    return summary
+
+
+def best_run(name):
+    """The run folder of the last lm experiment's model "gpt" or "lstm" at its chosen lr, seed 0."""
+    summary = lm_summary()
+    if not summary:
+        raise FileNotFoundError("no lm experiment has run yet; train its models with: python -m scripts.report --only lm")
+    return Path(summary[name]["runs"][0]["out"])

@@ -1,0 +1,189 @@
+"""The synthetic tasks (multi-query associative recall, induction), the equal-size model pair, the bytes of state
+each model carries, the short training loop both models go through, and the learning-rate/seed grid around it."""
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig, TrainConfig, compose
+from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
+
+MIN_DELTA = 0.01  # the plateau rule: the selection loss must fall 1% below its last mark to count as progress
+
+
+def lstm_preset(vocab_size):
+    """configs/model/lstm.yaml, the LSTM that matches the default GPT's parameter count."""
+    return replace(compose("model=lstm").model, vocab_size=vocab_size)
+
+
+def rnn_width(target, vocab_size, n_layer=2, gates=4, tied=False):
+    """The LSTM (gates=4) or GRU (3) width whose parameter count is closest to target; each layer has
+    gates x (W_ih, W_hh, b_ih, b_hh)."""
+    count = lambda h: vocab_size * h * (1 if tied else 2) + n_layer * gates * (2 * h * h + 2 * h)
+    return min(range(4, 2048), key=lambda h: abs(count(h) - target))
+
+
+def synthetic_models(vocab_size, seq_len):
+    """A 2-layer GPT and the 2-layer LSTM of the same size for the synthetic tasks. One head per layer and an
+    untied head: in our runs the 4-head and tied variants sat on the chance plateau for over 1000 steps."""
+    gpt = ModelConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_head=1, n_embd=64, tie_weights=False)
+    width = rnn_width(build_model(gpt).num_params(), vocab_size)
+    lstm = ModelConfig(type="lstm", vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_embd=width,
+                       tie_weights=False)
+    return {"gpt": gpt, "lstm": lstm}
+
+
+def state_bytes(cfg, seq_len):
+    """Bytes of state a model carries per sequence after seq_len tokens, in fp32: a GPT's KV cache (K and V of every
+    layer and token) or an LSTM's h and c of every layer (a GRU's h), which does not grow with seq_len."""
+    arch = cfg.architecture()
+    if cfg.type == "gpt":
+        return 2 * arch.n_layer * arch.kv_heads * arch.head_size * seq_len * 4
+    return arch.n_layer * (2 if cfg.type == "lstm" else 1) * arch.n_embd * 4
+
+
+def recall_batch(batch_size, n_pairs, n_keys=64, seq_len=None, generator=None):
+    """Multi-query associative recall (Zoology; Arora et al. 2023): n_pairs key-value pairs (distinct keys, distinct
+    values), then every key once more in random order, then filler up to seq_len (default 3 * n_pairs: none). The
+    target at each query is its key's value; -1 elsewhere. Tokens: 0 filler, 1..n_keys keys, n_keys+1..2*n_keys
+    values, so a guess among the values present scores 1/n_pairs. Queries follow the pairs, as Zoology's power-law
+    placement mostly puts them; returns inputs and targets, each (B, seq_len)."""
+    seq_len = seq_len or 3 * n_pairs
+    if not 0 < n_pairs <= n_keys or 3 * n_pairs > seq_len:
+        raise ValueError(f"{n_pairs} pairs need n_keys >= {n_pairs} and seq_len >= {3 * n_pairs}")
+    draw = lambda: torch.rand(batch_size, n_keys, generator=generator).argsort(1)[:, :n_pairs] + 1  # distinct
+    keys, values = draw(), draw() + n_keys
+    x = torch.zeros(batch_size, seq_len, dtype=torch.long)
+    x[:, 0:2 * n_pairs:2], x[:, 1:2 * n_pairs:2] = keys, values
+    order = torch.rand(batch_size, n_pairs, generator=generator).argsort(1)
+    x[:, 2 * n_pairs:3 * n_pairs] = keys.gather(1, order)
+    y = torch.full_like(x, -1)
+    y[:, 2 * n_pairs:3 * n_pairs] = values.gather(1, order)
+    return x, y
+
+
+def mixed_recall_batch(batch_size, fewest, most, n_keys=64, generator=None):
+    """A recall batch whose number of pairs is drawn log-uniformly from fewest..most: as many batches with 4-8 pairs
+    as with 32-64, so the short ones, where the look-up forms first, teach both models alike (no curriculum)."""
+    n = round(2 ** (math.log2(fewest) + torch.rand(1, generator=generator).item() * math.log2(most / fewest)))
+    return recall_batch(batch_size, n, n_keys, generator=generator)
+
+
+def induction_batch(batch_size, vocab_size=33, seq_len=64, min_len=8, generator=None):
+    """A segment of min_len..seq_len/2 distinct random tokens (1..vocab_size-1), repeated, then filler 0s. Targets:
+    the next token inside the second copy (-1 elsewhere), which only a look-back at the first copy predicts. The
+    random length rules out a fixed-offset shortcut; an induction head (Olsson et al. 2022) solves it. Returns
+    inputs, targets (B, seq_len) and the segment lengths (B,)."""
+    half = seq_len // 2
+    lengths = torch.randint(min_len, half + 1, (batch_size, 1), generator=generator)  # (B, 1)
+    segment = torch.rand(batch_size, vocab_size - 1, generator=generator).argsort(1)[:, :half] + 1  # (B, half)
+    t = torch.arange(seq_len)[None]  # (1, T)
+    x = torch.where(t < 2 * lengths, segment.gather(1, (t % lengths).clamp(max=half - 1)), 0)
+    y = torch.cat([x[:, 1:], torch.full((batch_size, 1), -1)], dim=1)
+    y[(t < lengths) | (t >= 2 * lengths - 1)] = -1
+    return x, y, lengths[:, 0]
+
+
+@torch.no_grad()
+def evaluate(model, x, y):
+    """Accuracy and mean cross-entropy over the scored positions (targets >= 0)."""
+    model.eval()
+    logits = model(x)[0][y >= 0]  # (scored positions, vocab)
+    model.train()
+    return (logits.argmax(-1) == y[y >= 0]).float().mean().item(), F.cross_entropy(logits, y[y >= 0]).item()
+
+
+@dataclass
+class Run:
+    """One trained configuration: the model as training left it, the curve [(step, {eval set: accuracy})], the steps
+    and seconds it took, its mean accuracy over the eval sets at the end, whether it reached stop_at on every eval
+    set, whether the cap stopped it while its loss was still falling, and (filled by tune) its test accuracies."""
+    model: torch.nn.Module
+    curve: list
+    steps: int
+    seconds: float
+    select: float
+    solved: bool
+    capped: bool
+    test: dict = field(default_factory=dict)
+
+
+def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.995, eval_every=50, patience=4,
+                    seed=0, desc="train"):
+    """A short plain loop (train.py's AdamW, warmup + cosine schedule to the cap `steps` and gradient clipping) on
+    freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the eval sets and
+    stops once every one is at stop_at, or, past half the cap, at a plateau: patience scores in a row without the
+    summed eval loss falling 1% below its last mark. The plateau reads the loss, not the accuracy, and waits for half
+    the cap: an LSTM on recall sits on a chance plateau for hundreds of steps before its loss starts to fall."""
+    torch.manual_seed(seed)
+    model = build_model(model_cfg).to(device)
+    train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=min(50, steps // 10))
+    optimizer = make_optimizer(model, train_cfg, device)
+    generator = torch.Generator().manual_seed(seed + 1)
+    evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
+    curve, mark, stale, start = [], math.inf, 0, time.time()
+    for it in tqdm(range(steps + 1), desc=desc, leave=False):
+        if it % eval_every == 0 or it == steps:
+            scored = {name: evaluate(model, x, y) for name, (x, y) in evals.items()}
+            curve.append((it, {name: acc for name, (acc, _) in scored.items()}))
+            total = sum(loss for _, loss in scored.values())
+            mark, stale = (total, 0) if total < mark * (1 - MIN_DELTA) else (mark, stale + 1)
+            solved = min(curve[-1][1].values()) >= stop_at
+            if it == steps or solved or (stale >= patience and 2 * it >= steps):
+                break
+        set_lr(optimizer, get_lr(it, train_cfg))
+        x, y = make_batch(it, generator)
+        train_step(model, optimizer, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
+    select = sum(curve[-1][1].values()) / len(evals)
+    capped = it == steps and not solved and stale < patience  # the plateau rule would have let it go on
+    return Run(model.eval(), curve, it, time.time() - start, select, solved, capped)
+
+
+@dataclass
+class Tuned:
+    """A model's grid: the lr chosen on the selection set, whether it sits at an end of the grid (the best may lie
+    beyond it), the runs at that lr, one per seed, and the seconds every run of the grid took together."""
+    lr: float
+    edge: bool
+    runs: dict  # seed -> Run
+    seconds: float
+
+
+def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1, **train):
+    """Train cfg at every lr with the first grid_seeds seeds, choose one on the selection set, then train it with the
+    remaining seeds; the test sets score every run and never choose. The choice: the lr that solves (reaches stop_at)
+    with the most seeds; among lrs that solve with all, the fastest; otherwise the best selection accuracy. Every run
+    goes to ctx.grid_point: its selection score, each test score and whether the cap stopped it while improving.
+    train: train_synthetic's options."""
+    def fit(lr, seed):
+        run = train_synthetic(cfg, make_batch, steps, lr, select, ctx.device, seed=seed,
+                              desc=f"{experiment} {name} {setting} lr {lr:g} seed {seed}", **train)
+        run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
+        tqdm.write(f"{experiment} {name} {setting} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
+                   f"selection {100 * run.select:.1f}%" + (", capped while improving" if run.capped else ""))
+        measured = [("selection accuracy", run.select), *((f"test accuracy {k}", v) for k, v in run.test.items()),
+                    ("capped while improving (1 = yes)", int(run.capped))]
+        for metric, value in measured:
+            ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, round(value, 4))
+        return run
+
+    def merit(runs):
+        solved = sum(run.solved for run in runs)
+        return solved, -sum(run.steps for run in runs) if solved == len(runs) else sum(run.select for run in runs)
+
+    best, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit)
+    seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
+    return Tuned(best, len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds)
+
+
+def seed_grid(fit, lrs, seeds, grid_seeds, merit):
+    """The report's tuning protocol, for every trained comparison: fit(lr, seed) at every lr with the first
+    grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. Returns the
+    lr, the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
+    grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
+    best = max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
+    return best, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}

@@ -1,0 +1,40 @@
+"""scripts/report's measuring tools: the counts behind Table 1. tests/test_report_recall.py has the synthetic tasks, equal
+sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
+tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
+import json
+import sys
+
+import torch
+
+import scripts.report.__main__ as report_cli
+from attnlab.config import ModelConfig
+from model import GPT
+from scripts.report.mechanism import autograd_depth, max_hops
+
+
+def test_sequential_steps_constant_for_attention_linear_for_recurrence():
+    block = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=256)).transformer.h[0]
+    depth = lambda T: autograd_depth(block(torch.randn(1, T, 16, requires_grad=True))[0].sum())
+    assert depth(8) == depth(64) == depth(256)
+    cell = torch.nn.LSTMCell(16, 16)
+
+    def lstm_depth(T):
+        h = c = torch.zeros(1, 16)
+        for x in torch.randn(T, 1, 16, requires_grad=True):
+            h, c = cell(x, (h, c))
+        return autograd_depth(h.sum())
+
+    per_step = lstm_depth(9) - lstm_depth(8)
+    assert per_step > 0 and lstm_depth(64) - lstm_depth(8) == 56 * per_step
+    assert max_hops(4096, lambda i, n: range(i + 1, n)) == 1
+    assert max_hops(4096, lambda i, n: [i + 1] if i + 1 < n else []) == 4095
+
+
+def test_each_preset_writes_its_own_report_folder(tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(report_cli, "RESULTS", tmp_path / "results")  # not the committed reports
+    for flags, folder in (([], "quick"), (["--full"], "full")):
+        monkeypatch.setattr(sys, "argv", ["scripts.report", "--only", "scaling", "--device", "cpu", *flags])
+        report_cli.main()
+        runs = json.loads((tmp_path / "results" / folder / "runs.json").read_text())
+        assert runs["scaling"]["preset"] == ("full" if flags else "quick")
