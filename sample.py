@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import load_model
-from attnlab.config import SampleConfig, one_line_errors, register_configs, run_cli
+from attnlab.config import CONFIG_DIR, SampleConfig, one_line_errors, register_configs, run_cli
 from data.tokenizers import GPT2Tokenizer, load_tokenizer
 from attnlab.decode import generate_stream
 from attnlab.hf import from_hf
@@ -96,7 +96,7 @@ def quote_prompts(argv):
     return argv
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="sample")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sample")
 @one_line_errors
 def main(dict_cfg):
     sample(OmegaConf.to_object(dict_cfg))

@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from attnlab.config import Config, ModelConfig, one_line_errors, register_configs, run_cli
+from attnlab.config import CONFIG_DIR, Config, ModelConfig, one_line_errors, register_configs, run_cli
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
 from attnlab.distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
@@ -300,7 +300,7 @@ def train(cfg: Config, clock=time.time):
             "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 @one_line_errors
 def main(dict_cfg):
     """The command line; returns the run's last val loss, which a Hydra sweeper (Optuna's) minimises."""

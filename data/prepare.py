@@ -12,6 +12,9 @@ from data.corpus import load_meta, prepare
 
 @one_line_errors
 def main():
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(f"{__doc__.strip()}\n\nIt takes train.py's keys: python train.py --help lists them, with the presets.")
+        return
     cfg = compose(*sys.argv[1:])
     folder = prepare(cfg.data, cfg.model.block_size)
     meta = load_meta(folder)
