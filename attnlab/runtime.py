@@ -36,7 +36,7 @@ def pick_device(name):
 
 def native_bf16(device):
     """Whether device computes bf16 natively: CUDA where supported, a CPU with AVX512-BF16 or AMX. Elsewhere torch
-    emulates it (a 512² bf16 matmul ran 17x slower than fp32 on an AVX2-only EPYC), so fp32 is the fast choice."""
+    emulates it, many times slower than fp32 (docs/log.md), so fp32 is the fast choice."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
@@ -126,7 +126,7 @@ def hardware_name(device):
     """What a figure was measured on: the GPU, or the CPU model, torch's CPU capability and the thread count."""
     if device.type == "cuda":
         return f"GPU {torch.cuda.get_device_name(device)}"
-    try:  # a VM may name only the brand ("AMD EPYC"): family and model tell its generation (25/1: Zen 3)
+    try:  # a VM may name only the brand: the family and model numbers tell its generation
         info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
                     if ":" in line)
         info = {key.strip(): value.strip() for key, value in info.items()}

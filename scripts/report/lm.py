@@ -39,10 +39,8 @@ from scripts.report.tasks import rnn_width, seed_grid
 # AdamW grid; grid_seeds: the seeds every grid point is trained with, seeds: those the chosen lr is trained with;
 # evals, eval_iters: train.py's val estimates per run and batches per estimate (the curves); select_windows,
 # test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
-# Planned from the per-step costs of 2 threads of an EPYC Zen 3 (about 55 ms per step of the quick GPT at 8 x 256
-# tokens, 35 ms of its LSTM; 0.27 s and 0.07 s for the full preset's 4x128 GPT and its LSTM; ~9 s of start-up and
-# evaluation per run): quick ~300 s for 18 runs (lm 4 + 4, positions 6, window 4), full ~24 min for the same 18
-# (measured: 28 min, lm 10.5 + positions 10.5 + window 7).
+# Sized for 2 CPU threads: the quick preset's 18 runs in minutes, the full preset's in under an hour (docs/report.md
+# has the measured times).
 # 8 x 256 tokens a step is train.py's default 16 x 128. The quick grids are centred where two
 # first quick runs put each model's best (GPT 5e-3 to 8e-3; LSTM about 1e-2, with seeds 0.3 nats apart).
 BUDGET = {
