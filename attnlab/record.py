@@ -12,6 +12,7 @@ import re
 import socket
 import statistics
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,8 +23,11 @@ from attnlab.runtime import git_commit
 
 STATUS_FILE = "status.json"
 RUN_MARKERS = ("config.json", "metrics.jsonl", STATUS_FILE, ".hydra")  # a sweep job that failed early has .hydra only
-# config keys that name the run's folder (a sweep's names its wandb group), which the table's run column already shows
-FOLDER_KEYS = {"out_dir", "logger.wandb_group"}
+# config keys that are bookkeeping, not a difference between runs: the run's folder (the table's run column shows it),
+# its wandb names, where a corpus is stored or downloaded from, the vocabulary the corpus sets, whether it resumed
+BOOKKEEPING = {"out_dir", "logger.wandb_group", "logger.wandb_run_name", "data.url", "data.dir", "model.vocab_size",
+               "train.resume"}
+LABEL_CHARS = 24  # a legend value longer than this is cut, so the legend leaves the curves visible
 
 
 class RunLog:
@@ -159,11 +163,12 @@ def pyplot():
 # Comparing runs (scripts/runs.py, SweepSummary): each run folder becomes one row dict (summarize), the rows one table.
 
 def find_runs(paths):
-    """The run folders that paths name: a path that is a run, else the runs below it (a sweep's job folders, in the
-    order of their numbers), else the path itself, which shows as a run without metrics."""
+    """The run folders that paths name: a path that is a run, and the runs below it (a sweep's job folders, in the
+    order of their numbers); a path that holds neither shows as a run without metrics."""
     found = []
     for path in map(Path, paths):
-        found += [path] if is_run(path) else runs_below(path) or [path]
+        here = [path] if is_run(path) else []
+        found += here + runs_below(path) or [path]
     return list({p.resolve(): p for p in found}.values())  # a run named twice (a sweep and one of its jobs) once
 
 
@@ -214,7 +219,7 @@ def differing_keys(rows):
     configs = [row["config"] for row in rows if row["config"]]
     keys = dict.fromkeys(key for config in configs for key in config)
     return [key for key in keys
-            if key not in FOLDER_KEYS and len({json.dumps(config.get(key)) for config in configs}) > 1]
+            if key not in BOOKKEEPING and len({json.dumps(config.get(key)) for config in configs}) > 1]
 
 
 def ranked(rows):
@@ -265,6 +270,14 @@ def config_value(config, key):
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def short_value(config, key):
+    """A legend's spelling of a value: a path by its last part, anything longer than LABEL_CHARS cut."""
+    value = config_value(config, key)
+    if "/" in value:
+        value = Path(value).name
+    return value if len(value) <= LABEL_CHARS else value[:LABEL_CHARS - 1] + "…"
+
+
 def duration(seconds):
     minutes, secs = divmod(round(seconds), 60)
     if minutes == 0:
@@ -280,8 +293,9 @@ FIGURES = [("iters", "iters", str), ("final_val_loss", "final val loss", "{:.4f}
 
 
 def plot_val_curves(rows, path):
-    """One PNG at path overlaying the runs' validation-loss curves, each labelled by its name and the config values
-    that differ, in the table's order. Returns False (and writes nothing) when no run has an eval."""
+    """One PNG at path overlaying the runs' validation-loss curves in the table's order, each labelled by the config
+    values that differ (short), or by its name where none do. Returns False (and writes nothing) when no run has an
+    eval."""
     if not any(row["val_curve"] for row in rows):
         return False
     plt = pyplot()
@@ -290,7 +304,8 @@ def plot_val_curves(rows, path):
     for name, row in ranked(rows):
         if row["val_curve"]:
             iters, losses = zip(*row["val_curve"])
-            label = ", ".join([name, *(f"{key}={config_value(row['config'], key)}" for key in keys)])
+            values = [f"{key.split('.')[-1]}={short_value(row['config'], key)}" for key in keys if row["config"]]
+            label = ", ".join(values) or name
             ended = "" if row["status"] == "finished" else f" ({row['status']})"
             ax.plot(iters, losses, "o-", ms=3, label=label + ended)
     ax.set(xlabel="iteration", ylabel="val loss (nats/token)",
@@ -302,20 +317,35 @@ def plot_val_curves(rows, path):
     return True
 
 
-def compare_runs(paths, png=None):
-    """Print the table of the runs that paths name and write the PNG of their validation curves (default: runs.png
-    in the folder that they share)."""
-    rows = [summarize(folder) for folder in find_runs(paths)]
+def compare_runs(paths, png=None, runs=None):
+    """Print the table of the runs that paths name (or of the run folders `runs`, when given) and write the PNG of
+    their validation curves (default: runs.png in the one folder given, else in the folder the paths share)."""
+    rows = [summarize(folder) for folder in (runs if runs is not None else find_runs(paths))]
     print(runs_table(rows))
-    png = Path(png) if png else shared_folder(rows) / "runs.png"
+    png = Path(png) if png else Path(os.path.commonpath([Path(p).resolve() for p in paths])) / "runs.png"
     if plot_val_curves(rows, png):
         print(f"validation curves: {png}")
 
 
+def started_at(run):
+    """When a run folder was begun: Hydra writes a job's .hydra/ first."""
+    marker = run / ".hydra"
+    return (marker if marker.exists() else run).stat().st_mtime
+
+
 class SweepSummary(Callback):
-    """Hydra calls this when a sweep (train.py -m) ends (configs/config.yaml registers it): the sweep's table, as
-    `python -m scripts.runs <its out_dir>` prints it, and <out_dir>/runs.png."""
+    """Hydra calls this when a sweep (train.py -m) ends (configs/config.yaml registers it): the table of this sweep's
+    jobs, the job folders written since it started, and <out_dir>/runs.png; an earlier run in the folder is named
+    apart, not mixed in."""
+
+    def on_multirun_start(self, config, **kwargs):
+        self.started = time.time()
 
     def on_multirun_end(self, config, **kwargs):
         sweep_dir = Path(config.hydra.sweep.dir)
-        compare_runs([sweep_dir], sweep_dir / "runs.png")
+        jobs = [run for run in runs_below(sweep_dir) if started_at(run) >= self.started - 1]  # 1 s: coarse clocks
+        if is_run(sweep_dir):
+            print(f"{sweep_dir} also holds an earlier run, left out of this table (python -m scripts.runs "
+                  f"{sweep_dir} lists it too)")
+        if jobs:
+            compare_runs([sweep_dir], sweep_dir / "runs.png", runs=jobs)

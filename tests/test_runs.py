@@ -1,4 +1,4 @@
-"""scripts/runs.py and runlog's comparison of runs: the table (only the config keys that differ, best final val loss first,
+"""scripts/runs.py and attnlab/record.py's comparison of runs: the table (only the config keys that differ, best final val loss first,
 crashed, running and empty folders shown as such), the status a run records, and the table a sweep prints at its end."""
 import json
 import os
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from conftest import TINY, data_overrides, run_script, tiny_config
-from attnlab.record import RunLog, find_runs, flatten, read_metrics, run_status, runs_table, summarize
+from attnlab.record import (RunLog, SweepSummary, compare_runs, find_runs, flatten, read_metrics, run_status, runs_table,
+                            short_value, summarize)
 from attnlab.distributed import Processes
 from train import train
 
@@ -169,3 +171,43 @@ def test_runs_shows_crashed_killed_and_empty_folders_beside_a_sweep(sweep, tmp_p
            {str(folder.relative_to(shared)): status for folder, status in expected.items()}
     assert column(cells, "run")[-1].endswith("empty") and column(cells, "final val loss")[-1] == "-"
     assert png.read_bytes().startswith(PNG_MAGIC) and f"validation curves: {png}" in result.stdout
+
+
+def test_a_folder_lists_the_run_in_it_and_the_runs_below_it(tmp_path):
+    top = fake_run(tmp_path / "out", config(2), evals=[(0, 3.0)])
+    jobs = [fake_run(top / str(i), config(2, learning_rate=lr), evals=[(0, 2.0)]) for i, lr in enumerate([0.1, 0.2])]
+    assert find_runs([top]) == [top, *jobs]
+
+
+def test_the_png_goes_into_the_one_folder_given(tmp_path, capsys):
+    run = fake_run(tmp_path / "out", config(2), evals=[(0, 3.0), (1, 2.5)])
+    compare_runs([run])
+    assert (run / "runs.png").read_bytes().startswith(PNG_MAGIC) and not (tmp_path / "runs.png").exists()
+
+
+def test_bookkeeping_keys_are_not_differences(tmp_path):
+    bookkeeping = [{**config(2), "data": {"url": url, "dir": url}, "model": {"n_layer": 2, "vocab_size": vocab},
+                    "train": {"learning_rate": 0.001, "resume": resume}}
+                   for url, vocab, resume in (("a", 65, False), ("b", 50257, True))]
+    runs = [fake_run(tmp_path / str(i), cfg, evals=[(0, 2.0)]) for i, cfg in enumerate(bookkeeping)]
+    assert table(runs_table([summarize(run) for run in runs]))[0][:3] == ["run", "status", "iters"]
+
+
+def test_legend_values_are_short():
+    path = "/data/corpora/" + "x" * 40 + "/shakespeare.txt"
+    assert short_value({"data.path": path}, "data.path") == "shakespeare.txt"
+    assert len(short_value({"data.name": "y" * 100}, "data.name")) == 24
+
+
+def test_a_sweep_summarises_its_own_jobs_and_names_an_earlier_run(tmp_path, capsys):
+    sweep_dir = fake_run(tmp_path / "out", config(4), evals=[(0, 1.0)])  # a run from before the sweep
+    summary = SweepSummary()
+    summary.on_multirun_start(None)
+    jobs = [fake_run(sweep_dir / str(i), config(2, learning_rate=lr), evals=[(0, 2.0 + i)])
+            for i, lr in enumerate([0.1, 0.2])]
+    for job in jobs:
+        (job / ".hydra").mkdir()
+    summary.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}))
+    printed = capsys.readouterr().out
+    assert column(table(printed), "run") == ["0", "1"] and "also holds an earlier run" in printed
+    assert (sweep_dir / "runs.png").exists()
