@@ -7,8 +7,9 @@
     torchrun --standalone --nproc_per_node=2 train.py   # DDP: one process per device
     torchrun --standalone --nproc_per_node=2 train.py train.parallel=fsdp  # FSDP2: each holds 1/2 of the model
 
-Every option and its default is in attnlab/config.py; configs/ holds named presets. `train(cfg)` is the whole story in named
-steps: processes and device, data, model and optimizer (from scratch, from GPT-2 or resumed), the loop, teardown.
+Every option and its default is in attnlab/config.py; configs/ holds named presets. `train(cfg)` is the whole
+story in named steps: processes and device, data, model and optimizer (from scratch, from GPT-2 or resumed), the
+loop, teardown.
 """
 import math
 import signal
@@ -104,7 +105,9 @@ class TrainingState:
 
     def load(self, ckpt):
         load_full_state_dicts(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
-        self.iter, self.best_val_loss, self.elapsed_s = ckpt["iter"], ckpt["best_val_loss"], ckpt["elapsed_s"]
+        self.iter = ckpt["iter"]
+        self.best_val_loss = ckpt["best_val_loss"]
+        self.elapsed_s = ckpt["elapsed_s"]
         self.skipped_steps = ckpt.get("skipped_steps", 0)
         torch.set_rng_state(ckpt["rng"]["torch"])
         device = next(self.model.parameters()).device
@@ -147,7 +150,8 @@ def get_batch(data, batch_size, block_size, generator, device):
 def micro_batches(data, it, cfg, procs, grad_accum):
     """This process's micro-batches of step it. Micro-batch k depends only on (seed, it, k), k counted across
     ranks: a resumed run draws the same data, and 2 processes x 1 micro-step see the batches of 1 x 2."""
-    generator, n = torch.Generator(), procs.world_size * grad_accum
+    generator = torch.Generator()
+    n = procs.world_size * grad_accum
     batches = []
     for k in range(procs.rank * grad_accum, (procs.rank + 1) * grad_accum):
         generator.manual_seed((cfg.train.seed * 1_000_003 + it) * n + k)
@@ -155,23 +159,43 @@ def micro_batches(data, it, cfg, procs, grad_accum):
     return batches
 
 
+@dataclass(frozen=True)
+class Run:
+    """What stays the same while a run trains, which the loop's helpers share."""
+    cfg: Config  # with the model resolved (build_state)
+    meta: dict  # the corpus's meta.json
+    splits: dict  # "train" and "val": token ids
+    counts: torch.Tensor  # scoring.byte_counts of the corpus's tokenizer, for bits per byte
+    amp: object  # the autocast context of every forward pass
+    procs: Processes
+    run_log: RunLog
+    start_iter: int  # the iteration this process starts from: 0, or a resumed checkpoint's
+    resumed: bool
+
+    @property
+    def ckpt_path(self):
+        return Path(self.cfg.out_dir) / "ckpt.pt"
+
+
 @torch.no_grad()
-def estimate_loss(model, splits, cfg, counts, amp, full_val=False):
+def estimate_loss(model, run, full_val=False):
     """(loss, bits per byte) per split over eval_iters batches; the same batches every time, so estimates compare.
     The loss is the mean of the batches' mean losses. With full_val, the val split's are over all of its tokens
-    instead (scoring.full_score). counts: scoring.byte_counts of the corpus's tokenizer."""
+    instead (scoring.full_score)."""
+    cfg = run.cfg
     model.eval()
     scores = {}
-    for name, data in splits.items():
+    for name, data in run.splits.items():
         if full_val and name == "val":
-            tally = full_score(model, data, cfg.train.batch_size, cfg.model.block_size, counts, amp)
+            tally = full_score(model, data, cfg.train.batch_size, cfg.model.block_size, run.counts, run.amp)
             scores[name] = tally.loss, tally.bits_per_byte
             continue
         generator = torch.Generator().manual_seed(cfg.train.seed)
-        tally, total = Tally(counts), 0.0
+        tally = Tally(run.counts)
+        total = 0.0
         for _ in range(cfg.train.eval_iters):
-            x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, counts.device)
-            with amp:
+            x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, run.counts.device)
+            with run.amp:
                 logits, loss = model(x, y)
             total += loss.item()
             tally.add(logits, y, loss)
@@ -194,108 +218,209 @@ class StopSignals:
         for s, handler in self.handlers.items():
             signal.signal(s, handler)
 
+    def first(self):
+        """The first signal received, 0 for none."""
+        if self.received:
+            return self.received[0]
+        return 0
 
-def evaluate(model, state, splits, cfg, meta, counts, amp, run_log, seconds, finished, procs):
+
+class Stopped(Exception):
+    """train() ended at a step boundary by a stop signal, its checkpoint saved; main() exits with 128 + signum."""
+
+    def __init__(self, signum):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+
+
+class Speedometer:
+    """Seconds trained, a resumed run's earlier ones included, and at each reading the tokens/s and MFU since the
+    last one. MFU: the model's FLOPs per second over the devices' peak, where the peak is known (a GPU's)."""
+
+    def __init__(self, clock, state, tokens_per_step, procs):
+        self.clock = clock
+        self.tokens_per_step = tokens_per_step
+        self.peak = peak_flops(procs.device)  # FLOP/s of one device, None where unknown
+        self.flops_per_token = state.model.flops_per_token() if self.peak else 0
+        self.world_size = procs.world_size
+        self.t_zero = self.clock() - state.elapsed_s  # when training would have begun, earlier runs included
+        self.t_last = self.clock()
+
+    def elapsed_s(self):
+        return self.clock() - self.t_zero
+
+    def reading(self, steps):
+        """(seconds trained, tokens/s over the last `steps` steps, MFU or None) now."""
+        now = self.clock()
+        tokens_per_sec = self.tokens_per_step * steps / (now - self.t_last)
+        self.t_last = now
+        mfu = None
+        if self.peak:
+            mfu = round(self.flops_per_token * tokens_per_sec / (self.peak * self.world_size), 4)
+        return now - self.t_zero, tokens_per_sec, mfu
+
+
+def print_start(run, state, dtype, grad_accum, tokens_per_micro):
+    """Rank 0 says what trains on what, and where a resumed run continues."""
+    cfg = run.cfg
+    run.run_log.print(f"{cfg.model.type}: {state.model.num_params() / 1e6:.2f}M parameters | data {cfg.data.name} "
+                      f"({run.meta['vocab_size']} tokens vocab, {len(run.splits['train']):,} train tokens) | device "
+                      f"{run.procs.device}, {run.procs.world_size} process(es), {dtype or torch.float32} | "
+                      f"{grad_accum} micro-step(s) of {tokens_per_micro:,} tokens per step")
+    if run.resumed:
+        run.run_log.print(f"resuming from {run.ckpt_path} at iter {run.start_iter}")
+
+
+def seconds_trained(run, state):
+    """Rank 0's seconds trained, so that every process spends the time budget alike; 0 without a budget."""
+    if run.cfg.train.time_budget_s > 0:
+        return run.procs.from_rank0(state.elapsed_s)
+    return 0.0
+
+
+def is_finished(it, seconds, run):
+    """max_iters reached, or the time budget spent."""
+    return it == run.cfg.train.max_iters or 0 < run.cfg.train.time_budget_s <= seconds
+
+
+def should_evaluate(it, finished, run):
+    """Every eval_interval steps and at the end; not at the iteration a resumed run starts from, which the run that
+    saved the checkpoint evaluated."""
+    if run.resumed and it == run.start_iter:
+        return False
+    return it % run.cfg.train.eval_interval == 0 or finished
+
+
+def should_checkpoint(it, finished, run):
+    """At the end, and every checkpoint_interval steps (eval_interval by default) after the start."""
+    if finished:
+        return True
+    interval = run.cfg.train.checkpoint_interval or run.cfg.train.eval_interval
+    return it % interval == 0 and it != run.start_iter
+
+
+def should_log(it, run):
+    """Rank 0 logs every log_interval steps."""
+    return it % run.cfg.logger.log_interval == 0 and run.procs.master
+
+
+def evaluate(run, model, state, lr, final):
     """Log train and val losses and bits per byte (the whole val split at the end, with final_eval=full); a new best
     saves best.pt. Every process evaluates, since a sharded model's forward needs them all; rank 0's val loss
     decides. Returns the val loss."""
-    scores = estimate_loss(model, splits, cfg, counts, amp, full_val=finished and cfg.train.final_eval == "full")
-    (train_loss, train_bpb), (val_loss, val_bpb) = scores["train"], scores["val"]
-    run_log.log("eval", state.iter, state.elapsed_s, train_loss=train_loss, val_loss=val_loss, train_bpb=train_bpb,
-                val_bpb=val_bpb, lr=get_lr(state.iter, cfg.train, seconds))
-    run_log.print(f"iter {state.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f} ({val_bpb:.4f} bits/byte)")
-    val_loss = procs.from_rank0(val_loss)  # so every process joins the same saves
+    full_val = final and run.cfg.train.final_eval == "full"
+    scores = estimate_loss(model, run, full_val=full_val)
+    train_loss, train_bpb = scores["train"]
+    val_loss, val_bpb = scores["val"]
+    run.run_log.log("eval", state.iter, state.elapsed_s, train_loss=train_loss, val_loss=val_loss,
+                    train_bpb=train_bpb, val_bpb=val_bpb, lr=lr)
+    run.run_log.print(f"iter {state.iter}: train loss {train_loss:.4f}, val loss {val_loss:.4f} "
+                      f"({val_bpb:.4f} bits/byte)")
+    val_loss = run.procs.from_rank0(val_loss)  # so every process joins the same saves
     if val_loss < state.best_val_loss:
         state.best_val_loss = val_loss
-        state.save(Path(cfg.out_dir) / "best.pt", cfg, meta, procs.master)
+        state.save(Path(run.cfg.out_dir) / "best.pt", run.cfg, run.meta, run.procs.master)
     return val_loss
 
 
-def stop(state, cfg, meta, procs, signum, ckpt_path):
-    """After SIGINT, SIGTERM or SIGUSR1 on any process: checkpoint every finished step, say how to continue, exit
-    with 128 + signum."""
-    state.save(ckpt_path, cfg, meta, procs.master)
-    if procs.master:
-        print(f"stopped by signal {signum} at iter {state.iter}; checkpoint saved to {ckpt_path}; "
-              f"continue with train.resume=true out_dir={cfg.out_dir}")
-    raise SystemExit(128 + signum)
+def refuse_nonfinite(loss, run, state):
+    """A non-finite loss ends the run before its optimizer step, unless train.skip_nonfinite skips such steps."""
+    if not math.isfinite(loss) and not run.cfg.train.skip_nonfinite:
+        raise ValueError(f"the loss is {loss} at iter {state.iter}; stopped before its optimizer step, "
+                         f"{run.ckpt_path} is left as it was; lower train.learning_rate, or pass "
+                         f"train.skip_nonfinite=true to skip such steps")
+
+
+def log_skip(run, state, loss, speed):
+    """A skipped step, logged at the next iter like "log" rows, so that resume trims it alike."""
+    run.run_log.print(f"iter {state.iter - 1}: the loss is {loss}; step skipped ({state.skipped_steps} so far)")
+    run.run_log.log("skip", state.iter, speed.elapsed_s(), skipped_steps=state.skipped_steps)
+
+
+def log_step(run, state, speed, loss, lr):
+    """A "log" row and the progress bar's figures: the step's loss and lr, tokens/s and MFU since the last row."""
+    elapsed_s, tokens_per_sec, mfu = speed.reading(run.cfg.logger.log_interval)
+    run.run_log.log("log", state.iter, elapsed_s, train_loss=loss, lr=lr, tokens_per_sec=round(tokens_per_sec),
+                    mfu=mfu)
+    run.run_log.progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+
+
+def save_for_resume(run, state, signum):
+    """After SIGINT, SIGTERM or SIGUSR1 on any process: checkpoint every finished step, say how to continue."""
+    state.save(run.ckpt_path, run.cfg, run.meta, run.procs.master)
+    if run.procs.master:
+        print(f"stopped by signal {signum} at iter {state.iter}; checkpoint saved to {run.ckpt_path}; "
+              f"continue with train.resume=true out_dir={run.cfg.out_dir}")
+
+
+def teardown(run, state):
+    """Plot the losses, say where the run is, and end the process group."""
+    run.run_log.plot()
+    run.run_log.print(f"done: {state.iter} iterations, best val loss {state.best_val_loss:.4f}; checkpoints and "
+                      f"loss.png in {run.cfg.out_dir}")
+    if run.procs.distributed:
+        dist.barrier()  # else gloo's teardown could deadlock (on the GIL) with the last collective's clean-up
+        dist.destroy_process_group()
 
 
 def train(cfg: Config, clock=time.time):
-    """Train as cfg says; returns a summary of the run. Raises ValueError for a config or data mistake, OSError
-    when a checkpoint cannot be written. clock: seconds, for the time budget, speeds and logs."""
+    """Train as cfg says; returns a summary of the run. Raises Stopped after a stop signal (its checkpoint saved),
+    ValueError for a config or data mistake, OSError when a checkpoint cannot be written. clock: seconds, for the
+    time budget, speeds and logs."""
+    # setup: processes, device, dtype, gradient accumulation (build_state seeds the weights)
     procs = setup_processes(cfg.train.device)
     dtype = autocast_dtype(procs.device, cfg.train.dtype)
     amp = autocast(procs.device, dtype)
     configure(procs.device)
     grad_accum, tokens_per_micro = micro_steps(cfg, procs.world_size)
+    # data, then the model and optimizer: from scratch, from GPT-2 or resumed
     ckpt = existing_checkpoint(cfg)
     meta, splits = load_data(cfg, procs)
     cfg, state = build_state(cfg, meta, ckpt, procs)
-    counts = byte_counts(load_tokenizer(meta), procs.device)  # for bits per byte
+    counts = byte_counts(load_tokenizer(meta), procs.device)
+    # compile / DDP wrap, and the run's record
     model, eval_model = wrap(state.model, cfg.train.compile, procs)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=dtype == torch.float16)
-    ckpt_path, start_iter = Path(cfg.out_dir) / "ckpt.pt", state.iter
-    run_log = RunLog(cfg, procs, start_iter)
-    run_log.print(f"{cfg.model.type}: {state.model.num_params() / 1e6:.2f}M parameters | data {cfg.data.name} "
-                  f"({meta['vocab_size']} tokens vocab, {len(splits['train']):,} train tokens) | device "
-                  f"{procs.device}, {procs.world_size} process(es), {dtype or torch.float32} | {grad_accum} "
-                  f"micro-step(s) of {tokens_per_micro:,} tokens per step")
-    if ckpt is not None:
-        run_log.print(f"resuming from {ckpt_path} at iter {start_iter}")
-    peak = peak_flops(procs.device)
-    flops_per_token = state.model.flops_per_token() if peak else 0
-    ckpt_interval = cfg.train.checkpoint_interval or cfg.train.eval_interval
-    t_zero, t_last = clock() - state.elapsed_s, clock()  # t_zero: when training would have begun, earlier runs included
-    finished, val_loss, stop_signal = False, None, 0
+    run_log = RunLog(cfg, procs, state.iter)
+    run = Run(cfg, meta, splits, counts, amp, procs, run_log, start_iter=state.iter, resumed=ckpt is not None)
+    print_start(run, state, dtype, grad_accum, tokens_per_micro)
+    speed = Speedometer(clock, state, tokens_per_step=grad_accum * tokens_per_micro, procs=procs)
+    # the loop: lr, eval, checkpoint, stop, micro-steps, clip and step, log
+    finished = False  # the finally records it: a run finished or stopped
+    val_loss = None
+    stop_signal = 0
     try:
         with StopSignals() as signals:
             while True:
-                state.elapsed_s = clock() - t_zero
-                seconds = procs.from_rank0(state.elapsed_s) if cfg.train.time_budget_s > 0 else 0.0
-                finished = state.iter == cfg.train.max_iters or 0 < cfg.train.time_budget_s <= seconds
-                resumed_here = ckpt is not None and state.iter == start_iter  # the killed run evaluated here
-                if not resumed_here and (state.iter % cfg.train.eval_interval == 0 or finished):
-                    val_loss = evaluate(eval_model, state, splits, cfg, meta, counts, amp, run_log, seconds,
-                                        finished, procs)
-                if finished or state.iter % ckpt_interval == 0 and state.iter != start_iter:
-                    state.save(ckpt_path, cfg, meta, procs.master)
-                stop_signal = procs.max(signals.received[0] if signals.received else 0)
+                state.elapsed_s = speed.elapsed_s()
+                seconds = seconds_trained(run, state)
+                finished = is_finished(state.iter, seconds, run)
+                lr = get_lr(state.iter, cfg.train, seconds)
+                if should_evaluate(state.iter, finished, run):
+                    val_loss = evaluate(run, eval_model, state, lr=lr, final=finished)
+                if should_checkpoint(state.iter, finished, run):
+                    state.save(run.ckpt_path, cfg, meta, procs.master)
+                stop_signal = procs.max(signals.first())
                 if finished or stop_signal:
                     break
-                lr = get_lr(state.iter, cfg.train, seconds)
                 set_lr(state.optimizer, lr)
                 batches = micro_batches(splits["train"], state.iter, cfg, procs, grad_accum)
                 loss = train_step(model, state.optimizer, batches, cfg.train.grad_clip, amp, scaler, procs.mean)
-                if not math.isfinite(loss) and not cfg.train.skip_nonfinite:
-                    raise ValueError(f"the loss is {loss} at iter {state.iter}; stopped before its optimizer step, "
-                                     f"{ckpt_path} is left as it was; lower train.learning_rate, or pass "
-                                     f"train.skip_nonfinite=true to skip such steps")
+                refuse_nonfinite(loss, run, state)
                 state.iter += 1
                 run_log.progress.update()
-                if not math.isfinite(loss):  # logged at the next iter like "log" rows, so resume trims it alike
+                if not math.isfinite(loss):
                     state.skipped_steps += 1
-                    run_log.print(f"iter {state.iter - 1}: the loss is {loss}; step skipped "
-                                  f"({state.skipped_steps} so far)")
-                    run_log.log("skip", state.iter, clock() - t_zero, skipped_steps=state.skipped_steps)
-                elif state.iter % cfg.logger.log_interval == 0 and procs.master:
-                    now = clock()
-                    tokens_per_sec = tokens_per_micro * grad_accum * cfg.logger.log_interval / (now - t_last)
-                    t_last = now
-                    mfu = round(flops_per_token * tokens_per_sec / (peak * procs.world_size), 4) if peak else None
-                    run_log.log("log", state.iter, now - t_zero, train_loss=loss, lr=lr,
-                                tokens_per_sec=round(tokens_per_sec), mfu=mfu)
-                    run_log.progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_sec:,.0f}")
+                    log_skip(run, state, loss, speed)
+                elif should_log(state.iter, run):
+                    log_step(run, state, speed, loss=loss, lr=lr)
     finally:  # also when a signal, a non-finite loss or an error ends the loop
         run_log.close(finished)
+    # teardown
     if stop_signal:
-        stop(state, cfg, meta, procs, stop_signal, ckpt_path)
-    run_log.plot()
-    run_log.print(f"done: {state.iter} iterations, best val loss {state.best_val_loss:.4f}; checkpoints and loss.png "
-                  f"in {cfg.out_dir}")
-    if procs.distributed:
-        dist.barrier()  # else gloo's teardown could deadlock (on the GIL) with the last collective's clean-up
-        dist.destroy_process_group()
+        save_for_resume(run, state, stop_signal)
+        raise Stopped(stop_signal)
+    teardown(run, state)
     return {"iters": state.iter, "val_loss": val_loss, "best_val_loss": state.best_val_loss,
             "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}
 
@@ -308,7 +433,10 @@ def main(dict_cfg):
     dict_cfg.out_dir = hydra_cfg.runtime.output_dir  # a sweep job's own folder under out_dir
     if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.wandb_group is None:
         dict_cfg.logger.wandb_group = Path(hydra_cfg.sweep.dir).name  # a sweep's jobs side by side in wandb
-    return train(OmegaConf.to_object(dict_cfg))["val_loss"]
+    try:
+        return train(OmegaConf.to_object(dict_cfg))["val_loss"]
+    except Stopped as stopped:  # the exit status a shell reports for a process that signum ended
+        raise SystemExit(128 + stopped.signum) from None
 
 
 if __name__ == "__main__":

@@ -196,3 +196,31 @@ def test_skip_nonfinite_skips_the_step_counts_and_logs_it(tmp_path, one_thread, 
     assert summary["skipped_steps"] == 2 and torch.load(out_dir / "ckpt.pt", weights_only=True)["skipped_steps"] == 2
     assert [(r["iter"], r["skipped_steps"]) for r in read_metrics(out_dir, "skip")] == [(3, 1), (5, 2)]
     assert [r["iter"] for r in read_metrics(out_dir, "log")] == [1, 2, 4, 6]
+
+
+def test_a_signal_in_process_raises_stopped_after_the_checkpoint_and_resume_goes_on(tmp_path, one_thread,
+                                                                                   monkeypatch, capsys):
+    args = [*CRASH, *data_overrides(tmp_path), "train.max_iters=8"]
+    train(compose(*args, f"out_dir={tmp_path / 'straight'}"))
+    real_step, steps = train_module.train_step, []
+
+    def step_then_signal(*a, **kw):  # the signal arrives during step 3, as a Ctrl-C would
+        steps.append(1)
+        if len(steps) == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_step(*a, **kw)
+
+    monkeypatch.setattr(train_module, "train_step", step_then_signal)
+    out_dir = tmp_path / "stopped"
+    with pytest.raises(train_module.Stopped) as stopped:
+        train(compose(*args, f"out_dir={out_dir}"))
+    assert stopped.value.signum == signal.SIGUSR1
+    assert torch.load(out_dir / "ckpt.pt", weights_only=True)["iter"] == 4  # the step it was in finished first
+    assert f"stopped by signal {signal.SIGUSR1} at iter 4; checkpoint saved to {out_dir / 'ckpt.pt'}; " \
+           f"continue with train.resume=true out_dir={out_dir}" in capsys.readouterr().out
+    assert json.loads((out_dir / "status.json").read_text())["status"] == "stopped"
+    monkeypatch.setattr(train_module, "train_step", real_step)
+    train(compose(*args, f"out_dir={out_dir}", "train.resume=true"))
+    straight = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)["model"]
+    resumed = torch.load(out_dir / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(resumed[k], v) for k, v in straight.items())
