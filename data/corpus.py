@@ -66,7 +66,7 @@ def prepare(cfg: DataConfig, block_size: int) -> Path:
     with FileLock(f"{folder}.lock"):  # sweep jobs starting together: one prepares, the others wait and reuse it
         meta = load_meta(folder) if (folder / "meta.json").exists() else {}
         if meta.get("settings") != settings:
-            meta = _build(cfg, folder, source, files, settings)
+            meta = _build_or_clean_up(cfg, folder, source, files, settings)
     for split in ("train", "val"):
         n = meta[f"{split}_tokens"]
         if n < block_size + 1:
@@ -104,6 +104,31 @@ def _locate(cfg):
 def _fingerprint(files):
     stats = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     return hashlib.sha256(stats.encode()).hexdigest()[:16]
+
+
+def _build_or_clean_up(cfg, folder, source, files, settings):
+    """_build, and a folder this call made is removed when it fails (a refused download leaves nothing behind); a
+    failed write says where, why and what to do."""
+    made = not folder.exists()
+    try:
+        return _build(cfg, folder, source, files, settings)
+    except BaseException as e:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            raise OSError(f"could not write the prepared corpus in {folder} ({_why(e, folder.parent)}); free some "
+                          f"space or pass data.dir=DIR on a disk with room, then run the same command again") from None
+        raise
+
+
+def _why(error, folder):
+    """What a failed write's OSError means: its strerror, or a full disk where numpy's message says neither."""
+    free = shutil.disk_usage(folder).free if folder.exists() else None
+    if error.strerror:
+        return error.strerror
+    if free is not None and free < 2 ** 24:
+        return f"the disk is full: {free:,} bytes were left"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
 def _build(cfg, folder, source, files, settings):

@@ -1,8 +1,10 @@
 """data/corpus.py: preparing and reusing corpora, and the one-line errors (data/tokenizers.py has its own
 tests/test_tokenizers.py). Offline, seconds."""
+import errno
 import io
 import multiprocessing
 import platform
+import shutil
 import sys
 import urllib.error
 
@@ -214,8 +216,8 @@ def test_a_preparation_killed_midway_leaves_no_files_and_is_rebuilt(tmp_path, mo
         with pytest.raises(KeyboardInterrupt):
             prepare(text_cfg(tmp_path, path, num_proc=1), block_size=16)
     assert len(calls) == 3
-    folder = next((tmp_path / "prepared").glob("text-char-*[!k]"))  # not the .lock
-    assert list(folder.iterdir()) == []  # no meta.json, no partial train.bin, no temporary file
+    left = [p for p in (tmp_path / "prepared").rglob("*") if p.suffix != ".lock"]
+    assert left == []  # no folder, no meta.json, no partial train.bin, no temporary file
     assert load_meta(prepare(text_cfg(tmp_path, path), block_size=16))["train_tokens"] == 18000
 
 
@@ -255,6 +257,26 @@ def test_download_failure_names_data_path(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus.urllib.request, "urlopen", urlopen)
     with pytest.raises(ValueError, match=r"^could not download .* \(no network\); .* pass data.path=FILE$"):
         prepare(DataConfig(name="shakespeare_char", url=URL, dir=str(tmp_path)), block_size=8)
+    assert [p.suffix for p in tmp_path.iterdir()] == [".lock"]  # no empty folder left behind
+
+
+@pytest.mark.parametrize("error, free, why", [
+    (OSError(errno.ENOSPC, "No space left on device"), 10 ** 9, "No space left on device"),
+    (OSError("4484120 requested and 1048576 written"), 4096, "the disk is full: 4,096 bytes were left")])
+def test_a_full_disk_says_where_why_and_what_to_do(tmp_path, monkeypatch, error, free, why):
+    path = write(tmp_path / "a.txt", corpus_text(2000))
+
+    def tokenize(*args):
+        raise error
+
+    monkeypatch.setattr(corpus, "_tokenize", tokenize)
+    monkeypatch.setattr(corpus.shutil, "disk_usage", lambda folder: shutil._ntuple_diskusage(10 ** 10, 0, free))
+    with pytest.raises(OSError) as raised:
+        prepare(text_cfg(tmp_path, path), block_size=16)
+    message = str(raised.value)
+    assert message.startswith(f"could not write the prepared corpus in {tmp_path / 'prepared'}/text-char-")
+    assert f"({why}); free some space or pass data.dir=DIR on a disk with room" in message
+    assert [p for p in (tmp_path / "prepared").iterdir() if p.suffix != ".lock"] == []
 
 
 # ---- user mistakes: one line each, naming the fix ----
