@@ -44,7 +44,7 @@ def sample(cfg: SampleConfig, out=sys.stdout):
     device = pick_device(cfg.device)
     dtype = autocast_dtype(device, cfg.dtype)
     if cfg.init_from:
-        model, tokenizer = from_hf(cfg.init_from).to(device), GPT2Tokenizer(cfg.bpe_file)
+        model, tokenizer = from_hf(cfg.init_from).to(device), GPT2Tokenizer(cfg.bpe_file, option="bpe_file")
     else:
         model, meta = load_model(cfg.out_dir, cfg.checkpoint, device)
         tokenizer = load_tokenizer(meta)

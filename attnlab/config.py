@@ -8,6 +8,7 @@ same ones to scripts and tests.
 """
 import functools
 import os
+import re
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -237,6 +238,13 @@ def run_cli(hydra_main, help_script=None):
             raise
         print(f"error: {hydra_error_line(e, help_script or Path(sys.argv[0]).name)}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as e:  # submitit's Slurm launcher started where no Slurm is
+        if full_error or "slurm" not in str(e).lower():
+            raise
+        print(f"error: hydra/launcher=slurm found no Slurm here ({str(e).splitlines()[0]}); run the sweep on the "
+              f"cluster's login node, or pass hydra/launcher=submitit_local to run its jobs on this machine",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 def one_line_errors(task):
@@ -257,6 +265,8 @@ def hydra_error_line(e, help_script):
     """First lines only of Hydra's message and of the OmegaConf error behind it, then the fix: Hydra's own advice
     (append a key with +key=value, the config search path) does not help here."""
     message = str(e).splitlines()[0].rstrip(".")
+    if isinstance(e, MissingConfigException) and re.search(r"hydra/(sweeper|launcher)/", message):
+        return f"{message}: Hydra's sweep plugins are not installed; pip install -e '.[sweeps]'"
     if isinstance(e, MissingConfigException) and e.options:
         return f"{message}; the choices are {', '.join(e.options)}"
     if isinstance(e, OverrideParseException):

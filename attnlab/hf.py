@@ -31,12 +31,15 @@ def import_transformers(purpose):
     try:
         import transformers
     except ImportError:
-        raise ValueError(f"{purpose} needs transformers: pip install transformers") from None
+        raise ValueError(f"{purpose} needs transformers: pip install -e '.[hf]'") from None
     return transformers
 
 
 def to_hf(model: GPT, out_dir):
     """Write model into out_dir as a Hugging Face GPT-2 (config.json, model.safetensors)."""
+    if not isinstance(model, GPT):
+        raise ValueError(f"this run is a {model.config.type.upper()}, not a GPT; only a GPT trained with model=gpt2 "
+                         "exports to GPT-2's format")
     c = model.config
     problems = gpt2_config_problems(c)
     if problems:

@@ -82,25 +82,26 @@ class TiktokenTokenizer:
 class GPT2Tokenizer(TiktokenTokenizer):
     """GPT-2's byte-level BPE through tiktoken, from a local ranks file or tiktoken's own download."""
 
-    def __init__(self, bpe_file=None):
+    def __init__(self, bpe_file=None, option="data.bpe_file"):
+        """option: the key that sets bpe_file on the command line at hand, for the messages."""
         self.bpe_file = str(Path(bpe_file).resolve()) if bpe_file else None
         if self.bpe_file:
             if not Path(self.bpe_file).is_file():
-                raise FileNotFoundError(f"data.bpe_file={bpe_file} does not exist; pass the path to a gpt2.tiktoken "
+                raise FileNotFoundError(f"{option}={bpe_file} does not exist; pass the path to a gpt2.tiktoken "
                                         f"ranks file")
             # Not tiktoken.load.load_tiktoken_bpe: it copies a local file into a cache keyed by the path alone and
             # keeps returning that copy after the file changes.
             try:
                 ranks = _parse_ranks(Path(self.bpe_file).read_bytes())
             except ValueError as e:
-                raise ValueError(f"data.bpe_file={self.bpe_file} is not a .tiktoken ranks file ({e}); pass a "
+                raise ValueError(f"{option}={self.bpe_file} is not a .tiktoken ranks file ({e}); pass a "
                                  f"gpt2.tiktoken file") from None
             enc = tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={EOT: GPT2_EOT})
         else:
             try:
                 enc = tiktoken.get_encoding("gpt2")
             except Exception as e:  # offline, tiktoken fails inside requests with errors of its own
-                raise ValueError(f"could not load the gpt2 tokenizer ({type(e).__name__}); pass data.bpe_file=PATH to "
+                raise ValueError(f"could not load the gpt2 tokenizer ({type(e).__name__}); pass {option}=PATH to "
                                  f"a gpt2.tiktoken file") from None
         super().__init__(enc)
 
