@@ -30,11 +30,12 @@ def test_sequential_steps_constant_for_attention_linear_for_recurrence():
     assert max_hops(4096, lambda i, n: [i + 1] if i + 1 < n else []) == 4095
 
 
-def test_each_preset_writes_its_own_report_folder(tmp_path, monkeypatch, one_thread):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(report_cli, "RESULTS", tmp_path / "results")  # not the committed reports
+def test_a_partial_run_writes_each_preset_to_a_scratch_folder(tmp_path, monkeypatch, one_thread):
+    monkeypatch.chdir(tmp_path)  # the scratch folder is relative to where the report runs
+    monkeypatch.setattr(report_cli, "RESULTS", tmp_path / "results")  # and the committed reports stay as they are
     for flags, folder in (([], "quick"), (["--full"], "full")):
         monkeypatch.setattr(sys, "argv", ["scripts.report", "--only", "scaling", "--device", "cpu", *flags])
         report_cli.main()
-        runs = json.loads((tmp_path / "results" / folder / "runs.json").read_text())
+        assert not (tmp_path / "results").exists()
+        runs = json.loads((tmp_path / "out" / "report" / folder / "runs.json").read_text())
         assert runs["scaling"]["preset"] == ("full" if flags else "quick")

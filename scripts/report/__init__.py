@@ -21,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed reports: quick/ and full/
+SCRATCH = Path("out/report")  # where a partial run (--only) writes unless told otherwise (git-ignored)
 RUNS = Path("out/compare")  # training runs the report makes (git-ignored); later experiments reuse them
 
 

@@ -2,13 +2,14 @@
 
     python -m scripts.report                    # quick preset: scripts/report/results/quick/
     python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
-    python -m scripts.report --only recall      # one experiment (or several, comma-separated); see EXPERIMENTS
+    python -m scripts.report --only recall      # one experiment (or several, comma-separated): into out/report/quick/
+    python -m scripts.report --only recall --out scripts/report/results/quick   # ... into the committed report
     python -m scripts.report --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
     python train.py && python -m scripts.report --only text --text-run out  # the default GPT's heads on real code
 
 Each run rewrites its experiments' rows of results.csv (the table to read first) and grid.csv (every trained
 configuration of every grid), keeping other experiments' rows, then results.md and one PNG per figure. Seeds are
-fixed; figures name model sizes, steps and hardware. The experiments live in report/; docs/attention.md walks
+fixed; figures name model sizes, steps and hardware. The experiments live in scripts/report/; docs/attention.md walks
 through the mechanism behind each figure.
 """
 import argparse
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from scripts.report import RESULTS, Context
+from scripts.report import RESULTS, SCRATCH, Context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_lm, exp_positions, exp_window
 from scripts.report.mechanism import exp_paths, exp_scaling
@@ -81,7 +82,7 @@ def main():
                         "attention the text experiment reads, e.g. out after `python train.py`; default: the lm "
                         "experiment's GPT")
     parser.add_argument("--out", help="where figures and tables go (default: scripts/report/results/quick, with --full "
-                        "scripts/report/results/full)")
+                        "scripts/report/results/full; with --only out/report/quick or out/report/full)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
     args = parser.parse_args()
@@ -95,7 +96,8 @@ def main():
     except ValueError as e:
         parser.error(str(e))
     preset = "full" if args.full else "quick"
-    out = Path(args.out) if args.out else RESULTS / preset
+    # a partial run (--only) leaves the committed report alone unless --out names it
+    out = Path(args.out) if args.out else (SCRATCH if args.only else RESULTS) / preset
     ctx = Context(preset, device, out, args.data_path, hardware_name(device), args.text_run)
     ctx.out.mkdir(parents=True, exist_ok=True)
     print(f"report ({preset}) on {ctx.hardware}: {', '.join(names)}")
