@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.decode import check_sampling
-from model import GPTConfig, require
 from attnlab.rnn import RNNConfig
+from model import GPTConfig, require
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MODEL_TYPES = ("gpt", "lstm", "gru")
@@ -31,7 +31,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class ModelConfig(GPTConfig):
-    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of width n_embd; attention fields unused)
+    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of n_embd; attention fields unused)
 
     def __post_init__(self):
         require(self.type in MODEL_TYPES, f"model.type={self.type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")

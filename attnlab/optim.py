@@ -1,4 +1,5 @@
-"""The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizer, the schedule, one step.
+"""The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizers (AdamW, and
+Muon for the blocks' matrices), the lr schedule (linear warmup, then cosine), one step.
 
     optimizer = make_optimizer(model, cfg.train, device)
     set_lr(optimizer, get_lr(it, cfg.train))
@@ -43,14 +44,13 @@ def make_optimizer(model, t: TrainConfig, device):
     hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # torch's fused kernel on the CPU too: at nanoGPT's 4x128 its step took 0.65 ms against foreach's 5.3 on an EPYC
-    # Zen 3, and the whole training step ran 2-4% faster
+    # torch's fused kernel on the CPU too, where it steps faster than foreach (docs/speed.md)
     fused = device.type in ("cpu", "cuda")
     adamw = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.beta1, t.beta2), fused=fused)
     if not hidden:
         return adamw
-    # bf16 iterations only in a mixed-precision run on a device that computes bf16 natively; an fp32 run keeps them in
-    # fp32 too (on a CPU, small models train faster so: at 128 wide fp32 was 1.2x faster than bf16 on an AMX Xeon)
+    # bf16 iterations only in a mixed-precision run on a device with native bf16; small models train faster in fp32
+    # otherwise, even on a CPU that has it (docs/speed.md)
     mixed = autocast_dtype(device, t.dtype) is not None
     ns_dtype = torch.bfloat16 if mixed and native_bf16(device) else torch.float32
     muon = Muon([{"params": hidden, "lr_scale": t.muon_lr / t.learning_rate}], lr=t.muon_lr, momentum=t.muon_momentum,

@@ -1,7 +1,7 @@
 """Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, whole
 training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparation.
 
-    python -m scripts.bench                          # train, sample, attention, generate on the CPU (about 8 minutes, 2 cores)
+    python -m scripts.bench                          # train, sample, attention, generate (about 8 minutes on 2 cores)
     python -m scripts.bench --only train,attention   # some of the sections: train, sample, attention, generate
     python -m scripts.bench --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 11 minutes
     python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, one at a time
@@ -34,11 +34,20 @@ import torch.nn.functional as F
 
 from attnlab.config import compose
 from attnlab.decode import generate_stream
-from model import GPT, manual_attention
-from attnlab.record import read_metrics
-from attnlab.runtime import (alternate, autocast, autocast_dtype, configure, hardware_name, peak_bytes, peak_flops, pick_device,
-                     sync)
 from attnlab.optim import make_optimizer, train_step
+from attnlab.record import read_metrics
+from attnlab.runtime import (
+    alternate,
+    autocast,
+    autocast_dtype,
+    configure,
+    hardware_name,
+    peak_bytes,
+    peak_flops,
+    pick_device,
+    sync,
+)
+from model import GPT, manual_attention
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root, where train.py runs
 CHAR_VOCAB = 65  # tiny Shakespeare's characters
