@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.decode import check_sampling
-from model import GPTConfig, require
 from attnlab.rnn import RNNConfig
+from model import GPTConfig, require
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 MODEL_TYPES = ("gpt", "lstm", "gru")
@@ -32,7 +32,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class ModelConfig(GPTConfig):
-    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of width n_embd; attention fields unused)
+    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of n_embd; attention fields unused)
 
     def __post_init__(self):
         require(self.type in MODEL_TYPES, f"model.type={self.type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")
@@ -90,8 +90,6 @@ class TrainConfig(RuntimeConfig):
     max_iters: int = 350  # optimizer steps
     learning_rate: float = 2e-3  # peak learning rate
     min_lr: float = 1e-4  # learning rate at the end of the decay
-    schedule: str = "cosine"  # the decay after warmup: cosine | wsd (flat, then linear to min_lr over the cooldown)
-    cooldown: float = 0.5  # schedule=wsd: the fraction of the run (steps, or the time budget) the decay takes
     warmup_iters: int = 100  # linear warmup steps
     weight_decay: float = 0.1  # AdamW decay, on matrices only
     beta1: float = 0.9
@@ -106,8 +104,6 @@ class TrainConfig(RuntimeConfig):
     optimizer: str = "muon"  # muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains) | adamw
     muon_lr: float = 0.02  # Muon's peak learning rate; it follows learning_rate's warmup and decay
     muon_momentum: float = 0.85  # Muon's (Nesterov) momentum
-    muon_ns: str = "quintic"  # Muon's orthogonalisation: quintic (torch's Newton-Schulz) | polar_express
-    muon_ns_steps: int = 5  # its iterations, a third of Muon's step each (polar_express: at most 5)
     time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
     final_eval: str = "estimate"  # the last evaluation's val loss: estimate (eval_iters batches) | full (whole split)
     # how several processes (torchrun) share the work: ddp (a whole copy of the model each) | fsdp (FSDP2: each holds
@@ -116,22 +112,16 @@ class TrainConfig(RuntimeConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate", "muon_ns_steps"):
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate"):
             if not getattr(self, name) > 0:  # written so that nan fails too
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
-        choices = dict(optimizer=("adamw", "muon"), schedule=("cosine", "wsd"), muon_ns=("quintic", "polar_express"),
-                       final_eval=("estimate", "full"), parallel=("ddp", "fsdp"))
+        choices = dict(optimizer=("adamw", "muon"), final_eval=("estimate", "full"), parallel=("ddp", "fsdp"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
-        if not 0 < self.cooldown <= 1:
-            raise ValueError(f"train.cooldown={self.cooldown} must be in (0, 1]: the fraction of the run that decays")
-        if self.muon_ns == "polar_express" and self.muon_ns_steps > 5:  # its coefficients are for 5 iterations
-            raise ValueError(f"train.muon_ns_steps={self.muon_ns_steps} must be at most 5 with "
-                             "train.muon_ns=polar_express")
 
 
 @dataclass

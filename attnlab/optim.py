@@ -1,4 +1,5 @@
-"""The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizer, the schedule, one step.
+"""The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizers (AdamW, and
+Muon for the blocks' matrices), the lr schedule (linear warmup, then cosine), one step.
 
     optimizer = make_optimizer(model, cfg.train, device)
     set_lr(optimizer, get_lr(it, cfg.train))
@@ -14,18 +15,14 @@ from attnlab.runtime import autocast_dtype, native_bf16
 
 
 def get_lr(it, t: TrainConfig, seconds=0.0):
-    """Linear warmup to learning_rate, then a decay to min_lr that ends at max_iters, or with a time budget at
-    time_budget_s seconds of training, whichever comes first: cosine (schedule=cosine), or flat until the last
-    `cooldown` of the run and linear from there (schedule=wsd, warmup-stable-decay)."""
+    """Linear warmup to learning_rate, then a cosine decay to min_lr that ends at max_iters, or with a time budget at
+    time_budget_s seconds of training, whichever comes first."""
     if it < t.warmup_iters:
         return t.learning_rate * (it + 1) / t.warmup_iters
     progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
     if t.time_budget_s > 0:
         progress = max(progress, seconds / t.time_budget_s)
     progress = min(progress, 1.0)
-    if t.schedule == "wsd":
-        decayed = max(0.0, progress - (1.0 - t.cooldown)) / t.cooldown
-        return t.learning_rate - decayed * (t.learning_rate - t.min_lr)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (t.learning_rate - t.min_lr)
 
 
@@ -47,60 +44,46 @@ def make_optimizer(model, t: TrainConfig, device):
     hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    # torch's fused kernel on the CPU too: at nanoGPT's 4x128 its step took 0.65 ms against foreach's 5.3 on an EPYC
-    # Zen 3, and the whole training step ran 2-4% faster
+    # torch's fused kernel on the CPU too, where it steps faster than foreach (docs/speed.md)
     fused = device.type in ("cpu", "cuda")
     adamw = torch.optim.AdamW(groups, lr=t.learning_rate, betas=(t.beta1, t.beta2), fused=fused)
     if not hidden:
         return adamw
-    # bf16 iterations only in a mixed-precision run on a device that computes bf16 natively; an fp32 run keeps them in
-    # fp32 too (on a CPU, small models train faster so: at 128 wide fp32 was 1.2x faster than bf16 on an AMX Xeon)
+    # bf16 iterations only in a mixed-precision run on a device with native bf16; small models train faster in fp32
+    # otherwise, even on a CPU that has it (docs/speed.md)
     mixed = autocast_dtype(device, t.dtype) is not None
+    ns_dtype = torch.bfloat16 if mixed and native_bf16(device) else torch.float32
     muon = Muon([{"params": hidden, "lr_scale": t.muon_lr / t.learning_rate}], lr=t.muon_lr, momentum=t.muon_momentum,
-                weight_decay=t.weight_decay, ns_steps=t.muon_ns_steps, ns_method=t.muon_ns,
-                ns_dtype=torch.bfloat16 if mixed and native_bf16(device) else torch.float32)
+                weight_decay=t.weight_decay, ns_dtype=ns_dtype)
     return Optimizers(adamw, muon)
 
 
-# Polar Express (Amsel et al. 2025, "The Polar Express"): a coefficient triple per iteration, each step's polynomial
-# chosen for the singular values the steps before it leave, so five iterations bring them closer to 1 than torch's one
-# quintic five times (fewer are the first triples of the five, not a schedule fitted for fewer); the 2% headroom on
-# the normalisation keeps the top singular value inside the range they were fitted for, as modded-nanogpt uses them
-POLAR_EXPRESS = ((8.156554524902461, -22.48329292557795, 15.878769915207462),
-                 (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-                 (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-                 (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-                 (2.3465413258596377, -1.7097828382687081, 0.42323551169305323))
-
-
-def ns_schedule(method, steps, quintic=(3.4445, -4.775, 2.0315)):
-    """The (a, b, c) of each Newton-Schulz iteration and the normalisation's headroom: torch's quintic `steps` times,
-    or the first `steps` Polar Express triples."""
-    return ((tuple(quintic),) * steps, 1.0) if method == "quintic" else (POLAR_EXPRESS[:steps], 1.02)
-
-
-def orthogonalize(update, coefficients, eps, dtype, headroom=1.0):
-    """Newton-Schulz's quintic iterations towards the nearest semi-orthogonal matrix, one per (a, b, c) of
-    coefficients, computed in dtype; torch's own (torch.optim._muon._zeropower_via_newtonschulz) with the dtype a
-    choice instead of bf16 and the coefficients free to change from one iteration to the next."""
+def orthogonalize(update, coefficients, steps, eps, dtype):
+    """Newton-Schulz's quintic iterations towards the nearest semi-orthogonal matrix, computed in dtype: about U S' V^T
+    with S' in (0.5, 1.5) where U S V^T is the update's SVD; on the short side, so the Gram matrix is the small one."""
+    a, b, c = coefficients
     tall = update.size(0) > update.size(1)
     x = update.to(dtype)
     x = x.T if tall else x
-    x = x / (x.norm() * headroom).clamp(min=eps)  # spectral norm at most 1 / headroom
-    for a, b, c in coefficients:
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(steps):
         gram = x @ x.T
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if tall else x
 
 
-class Muon(torch.optim.Muon):
-    """torch's Muon (same options, state and checkpoints) with the Newton-Schulz iterations in ns_dtype: torch's run
-    in bf16, which a CPU without native bf16 computes several times slower than fp32 (runtime.native_bf16); ns_method
-    quintic is torch's iteration, polar_express the same number of steps with Polar Express's coefficients."""
+class Muon(torch.optim.Optimizer):
+    """Muon (Jordan et al. 2024): Nesterov momentum, orthogonalised by Newton-Schulz, and decoupled weight decay.
+    torch.optim.Muon's update and state dict at its defaults, with the iterations in ns_dtype: torch's always run in
+    bf16, which a CPU without native bf16 computes slowly (docs/speed.md)."""
 
-    def __init__(self, params, ns_dtype=torch.bfloat16, ns_method="quintic", **options):
-        super().__init__(params, **options)
-        self.ns_dtype, self.ns_method = ns_dtype, ns_method
+    def __init__(self, params, lr, momentum, weight_decay, ns_dtype):
+        # torch's other options at its defaults, as group keys so that checkpoints read alike: Jordan's quintic (the
+        # coefficients that maximise its slope at zero) 5 times; adjust_lr_fn None is its lr * sqrt(max(1, rows / cols))
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=True,
+                        ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None)
+        super().__init__(params, defaults)
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):  # closure: torch.distributed.checkpoint steps with one to create the state
@@ -109,15 +92,18 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params, grads, buffers = [], [], []
-            self._init_group(group, params, grads, buffers)
-            for p, grad, buffer in zip(params, grads, buffers):
-                buffer.lerp_(grad, 1 - group["momentum"])
-                update = grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
-                coefficients, headroom = ns_schedule(self.ns_method, group["ns_steps"], group["ns_coefficients"])
-                update = orthogonalize(update, coefficients, group["eps"], self.ns_dtype, headroom)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buffer = state["momentum_buffer"]
+                buffer.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-torch.optim._muon._adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
         return loss
 
 

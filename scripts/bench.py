@@ -1,11 +1,11 @@
 """Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, whole
 training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparation.
 
-    python -m scripts.bench                          # train, sample, attention, generate on the CPU (about 8 minutes, 2 cores)
+    python -m scripts.bench                          # train, sample, attention, generate (about 8 minutes on 2 cores)
     python -m scripts.bench --only train,attention   # some of the sections: train, sample, attention, generate
     python -m scripts.bench --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 11 minutes
-    python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, about 15 minutes
-    python -m scripts.bench --only ablation --levers polar,wsd ...   # the full recipe beside the levers named so
+    python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, one at a time
+    python -m scripts.bench --only ablation --levers momentum,bf16 ...   # the full recipe beside the levers named so
     python -m scripts.bench --only prepare --bpe-file gpt2.tiktoken   # MB/s and peak memory, 1 and 2 workers, 256 MB
     python -m scripts.bench --quick                  # tiny sizes, one round: checks that everything runs
     python -m scripts.bench --device cuda            # bf16 autocast and torch.compile; MFU where the peak is known
@@ -34,11 +34,20 @@ import torch.nn.functional as F
 
 from attnlab.config import compose
 from attnlab.decode import generate_stream
-from model import GPT, manual_attention
-from attnlab.record import read_metrics
-from attnlab.runtime import (alternate, autocast, autocast_dtype, configure, hardware_name, peak_bytes, peak_flops, pick_device,
-                     sync)
 from attnlab.optim import make_optimizer, train_step
+from attnlab.record import read_metrics
+from attnlab.runtime import (
+    alternate,
+    autocast,
+    autocast_dtype,
+    configure,
+    hardware_name,
+    peak_bytes,
+    peak_flops,
+    pick_device,
+    sync,
+)
+from model import GPT, manual_attention
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root, where train.py runs
 CHAR_VOCAB = 65  # tiny Shakespeare's characters
@@ -57,9 +66,8 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model sh
 REFERENCE, LONG_RECIPE = "nanoGPT CPU recipe", "speedrun_cpu_long"
 RECIPES = {REFERENCE: ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
            LONG_RECIPE: ["experiment=speedrun_cpu_long"]}
-# experiment=speedrun_cpu with one lever taken away (or a candidate added, "+ ...") at a time, each run its 300 steps:
-# the loss is then the same on every run of a seed (a time budget would add the machine's noise to it), and a slower
-# step shows in the wall time
+# experiment=speedrun_cpu with one lever changed at a time, each run its 300 steps: the loss is then the same on every
+# run of a seed (a time budget would add the machine's noise to it), and a slower step shows in the wall time
 BASE = "speedrun_cpu, every lever"
 LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "learned positions instead of RoPE": ["model.pos=learned"],
@@ -67,10 +75,6 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "no QK-norm": ["model.qk_norm=false"],
           "Muon momentum 0.95 instead of 0.85": ["train.muon_momentum=0.95"],
           "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"],
-          "+ Polar Express coefficients (5 steps)": ["train.muon_ns=polar_express"],
-          "+ Polar Express, 4 steps": ["train.muon_ns=polar_express", "train.muon_ns_steps=4"],
-          "+ 4 Newton-Schulz steps instead of 5": ["train.muon_ns_steps=4"],
-          "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine": ["train.schedule=wsd"],
           "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"]}
 
 
@@ -262,7 +266,7 @@ def ablation_section(args, device, sizes):
     rows = [[name, f"{walls[name]:.1f}", f"{walls[name] - walls[BASE]:+.1f}", f"{losses[name]:.4f}",
              f"{losses[name] - losses[BASE]:+.4f}", ", ".join(f"{r[2]:.4f}" for r in results)]
             for name, results in runs.items()]
-    print(f"### Ablation: experiment=speedrun_cpu, one lever taken away or added, {sizes['seeds']} seed(s)\n")
+    print(f"### Ablation: experiment=speedrun_cpu, one lever changed at a time, {sizes['seeds']} seed(s)\n")
     table(["change", "wall s (median)", "vs every lever", "whole-val loss (median)", "vs every lever", "per seed"],
           rows)
 
@@ -359,7 +363,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:1 ...")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--levers", type=lambda v: v.split(","), help="ablation: only the levers whose names "
-                        "contain one of these comma-separated words (e.g. polar,wsd), beside the full recipe")
+                        "contain one of these comma-separated words (e.g. momentum,bf16), beside the full recipe")
     parser.add_argument("--data-path", help="tiny Shakespeare's text for speedrun and ablation (else it downloads)")
     parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
     parser.add_argument("--prepare-mb", type=float, default=256, help="prepare's corpus size in MB")

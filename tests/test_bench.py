@@ -61,8 +61,8 @@ def test_the_long_recipe_trains_for_the_references_wall_less_the_short_recipes_s
 def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path, monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(bench, "train_run", lambda overrides, seed, args, sizes: ran.append(overrides) or (1, 2, 3, 4))
-    bench.main(["--quick", "--only", "ablation", "--levers", "POLAR,wsd"])
+    bench.main(["--quick", "--only", "ablation", "--levers", "MOMENTUM,evaluation"])
     names = [line.split(" | ")[0][2:] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    assert names == ["change", bench.BASE, "+ Polar Express coefficients (5 steps)", "+ Polar Express, 4 steps",
-                     "+ WSD (warmup-stable-decay, cooldown 0.5) instead of cosine"]
-    assert ran[2] == ["experiment=speedrun_cpu", "train.muon_ns=polar_express", "train.muon_ns_steps=4"]
+    assert names == ["change", bench.BASE, "Muon momentum 0.95 instead of 0.85",
+                     "nanoGPT's evaluation (20 batches every 250 steps)"]
+    assert ran[2] == ["experiment=speedrun_cpu", "train.eval_interval=250", "train.eval_iters=20"]
