@@ -12,6 +12,7 @@ story in named steps: processes and device, data, model and optimizer (from scra
 loop, teardown.
 """
 import math
+import os
 import signal
 import time
 from dataclasses import asdict, dataclass, replace
@@ -22,11 +23,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from attnlab.config import CONFIG_DIR, Config, ModelConfig, one_line_errors, register_configs, run_cli
+from attnlab.config import (CONFIG_DIR, Config, ModelConfig, flat, one_line_errors, register_configs, resume_config,
+                            run_cli)
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
 from attnlab.distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
@@ -425,6 +428,31 @@ def train(cfg: Config, clock=time.time):
             "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}
 
 
+def keys_given(overrides, dict_cfg):
+    """The config keys a command line sets: each key=value, and each key that a preset chosen with group=option
+    changes (against the same command line without the presets)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    keys = {o.key_or_group for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_delete()}
+    groups = {key for key in keys if (CONFIG_DIR / key).is_dir()}
+    if not groups:
+        return keys
+    plain = [text for text, o in zip(overrides, parsed) if o.key_or_group not in groups]
+    without = flat(OmegaConf.to_container(hydra.compose(config_name="config", overrides=plain), resolve=True))
+    asked = flat(OmegaConf.to_container(dict_cfg, resolve=True))
+    return (keys - groups) | {key for key, value in asked.items() if without.get(key) != value}
+
+
+def resumed_config(dict_cfg, ckpt_path, overrides):
+    """Resume means the run's saved config plus only what this command line says (attnlab.config.resume_config)."""
+    saved = load_checkpoint(ckpt_path).get("config", {})
+    asked = OmegaConf.to_container(dict_cfg, resolve=True)
+    cfg, changed = resume_config(saved, asked, keys_given(overrides, dict_cfg))
+    if changed and int(os.environ.get("RANK", "0")) == 0:
+        changes = ", ".join(f"{key}={new!r} (was {old!r})" for key, (old, new) in changed.items())
+        print(f"resuming {cfg.out_dir} with {changes}")
+    return cfg
+
+
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 @one_line_errors
 def main(dict_cfg):
@@ -433,8 +461,13 @@ def main(dict_cfg):
     dict_cfg.out_dir = hydra_cfg.runtime.output_dir  # a sweep job's own folder under out_dir
     if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.wandb_group is None:
         dict_cfg.logger.wandb_group = Path(hydra_cfg.sweep.dir).name  # a sweep's jobs side by side in wandb
+    ckpt_path = Path(dict_cfg.out_dir) / "ckpt.pt"
+    if dict_cfg.train.resume and ckpt_path.exists():
+        cfg = resumed_config(dict_cfg, ckpt_path, hydra_cfg.overrides.task)
+    else:
+        cfg = OmegaConf.to_object(dict_cfg)
     try:
-        return train(OmegaConf.to_object(dict_cfg))["val_loss"]
+        return train(cfg)["val_loss"]
     except Stopped as stopped:  # the exit status a shell reports for a process that signum ended
         raise SystemExit(128 + stopped.signum) from None
 

@@ -10,7 +10,7 @@ import functools
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import hydra
@@ -197,6 +197,55 @@ class ExportConfig:
 
     def __post_init__(self):
         require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+
+
+# keys a resumed run cannot change: the model's shape and kind, the corpus's tokens, the optimizer's state
+FROZEN_ON_RESUME = ("model.", "data.name", "data.tokenizer", "data.bpe_vocab_size", "data.text_field",
+                    "data.val_fraction", "train.optimizer", "train.init_from")
+
+
+def flat(tree, prefix=""):
+    """{"model": {"n_layer": 2}} as {"model.n_layer": 2}, the spelling of a command-line override."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def nested(flat_dict):
+    out = {}
+    for key, value in flat_dict.items():
+        *groups, name = key.split(".")
+        node = out
+        for group in groups:
+            node = node.setdefault(group, {})
+        node[name] = value
+    return out
+
+
+def resume_config(saved: dict, asked: dict, given: set[str]) -> tuple[Config, dict]:
+    """What a resumed run continues with: its saved config (a key it lacks takes today's default; one today's schema
+    lacks is dropped), plus the keys given on the command line now. A given key that cannot change mid-run and differs
+    is refused, naming each one with its saved and asked value. Returns the config and {key: (saved, now)} for every
+    key that changed."""
+    saved_flat = {**flat(asdict(Config())), **flat(saved)}
+    asked_flat = flat(asked)
+    values = {key: saved_flat[key] for key in asked_flat}
+    values["out_dir"] = asked_flat["out_dir"]
+    values["train.resume"] = True
+    changed = {key: (values[key], asked_flat[key]) for key in sorted(given & asked_flat.keys())
+               if asked_flat[key] != values[key] and key not in ("out_dir", "train.resume")}
+    frozen = [f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items() if key.startswith(FROZEN_ON_RESUME)]
+    if frozen:
+        raise ValueError(f"{values['out_dir']} was trained with other values of keys a run cannot change mid-way "
+                         f"(saved vs now): {', '.join(frozen)}; drop those overrides to resume, or train anew in "
+                         f"another out_dir")
+    values.update({key: new for key, (_, new) in changed.items()})
+    merged = OmegaConf.merge(OmegaConf.structured(Config), nested(values))
+    return OmegaConf.to_object(merged), changed
 
 
 def register_configs():
