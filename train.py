@@ -92,6 +92,7 @@ class TrainingState:
     best_val_loss: float = math.inf
     elapsed_s: float = 0.0  # seconds trained, a resumed run's earlier ones included
     skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    wandb_id: str | None = None  # the wandb run this training run logs to, so that a resumed run continues it
 
     def save(self, path, cfg, meta, master=True):
         """Every process calls it (under FSDP each holds a shard of the state, gathered here); master writes."""
@@ -103,7 +104,7 @@ class TrainingState:
             "model": model_state, "optimizer": optimizer_state,
             "model_config": asdict(cfg.model), "config": asdict(cfg), "meta": meta, "iter": self.iter,
             "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
-            "rng": {"torch": torch.get_rng_state(),
+            "wandb_id": self.wandb_id, "rng": {"torch": torch.get_rng_state(),
                     "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
 
     def load(self, ckpt):
@@ -112,6 +113,7 @@ class TrainingState:
         self.best_val_loss = ckpt["best_val_loss"]
         self.elapsed_s = ckpt["elapsed_s"]
         self.skipped_steps = ckpt.get("skipped_steps", 0)
+        self.wandb_id = ckpt.get("wandb_id")
         torch.set_rng_state(ckpt["rng"]["torch"])
         device = next(self.model.parameters()).device
         if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
@@ -384,7 +386,8 @@ def train(cfg: Config, clock=time.time):
     # compile / DDP wrap, and the run's record
     model, eval_model = wrap(state.model, cfg.train.compile, procs)
     scaler = torch.amp.GradScaler(procs.device.type, enabled=dtype == torch.float16)
-    run_log = RunLog(cfg, procs, state.iter)
+    run_log = RunLog(cfg, procs, state.iter, wandb_id=state.wandb_id)
+    state.wandb_id = run_log.wandb_id
     run = Run(cfg, meta, splits, counts, amp, procs, run_log, start_iter=state.iter, resumed=ckpt is not None)
     print_start(run, state, dtype, grad_accum, tokens_per_micro)
     speed = Speedometer(clock, state, tokens_per_step=grad_accum * tokens_per_micro, procs=procs)

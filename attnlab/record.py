@@ -34,8 +34,9 @@ class RunLog:
     """Rank 0's record of a run: the receipt (config.json), status.json, metrics.jsonl, wandb, the progress bar and
     loss.png. On every other rank each call does nothing."""
 
-    def __init__(self, cfg, procs, start_iter):
-        self.enabled, self.out_dir, self.wandb = procs.master, Path(cfg.out_dir), None
+    def __init__(self, cfg, procs, start_iter, wandb_id=None):
+        """wandb_id: the wandb run to continue (a resumed run's); wandb_id then names this run's, None without wandb."""
+        self.enabled, self.out_dir, self.wandb, self.wandb_id = procs.master, Path(cfg.out_dir), None, wandb_id
         self.progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not self.enabled,
                              dynamic_ncols=True, mininterval=1.0, file=sys.stdout)
         if not self.enabled:
@@ -52,7 +53,8 @@ class RunLog:
             import wandb  # optional dependency
             self.wandb = wandb.init(project=cfg.logger.wandb_project, config=asdict(cfg), dir=str(self.out_dir),
                                     name=cfg.logger.wandb_run_name or self.out_dir.name, mode=cfg.logger.wandb_mode,
-                                    group=cfg.logger.wandb_group)
+                                    group=cfg.logger.wandb_group, id=wandb_id, resume="allow")
+            self.wandb_id = self.wandb.id
 
     def print(self, text):
         if self.enabled:

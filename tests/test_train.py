@@ -114,6 +114,8 @@ def test_wandb_gets_the_group_the_config_names(tmp_path, monkeypatch):
     calls = []
 
     class FakeRun:
+        id = "fake-id"
+
         def log(self, *args, **kwargs):
             pass
 
@@ -137,6 +139,35 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     train(cfg)
     runs = list((Path(cfg.out_dir) / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    wandb_id = torch.load(Path(cfg.out_dir) / "ckpt.pt", weights_only=True)["wandb_id"]
+    assert runs[0].name.endswith(f"-{wandb_id}")  # the run's id is kept with its checkpoint
+    train(replace(cfg, train=replace(cfg.train, max_iters=6, resume=True)))
+    runs = sorted((Path(cfg.out_dir) / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(run.name.endswith(f"-{wandb_id}") for run in runs)  # one wandb run, continued
+    assert torch.load(Path(cfg.out_dir) / "ckpt.pt", weights_only=True)["wandb_id"] == wandb_id
+
+
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    inits = []
+
+    class FakeRun:
+        def __init__(self, id):
+            self.id = id or f"new-{len(inits)}"
+
+        def log(self, *args, **kwargs):
+            pass
+
+        def finish(self, exit_code):
+            pass
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: inits.append(kwargs) or FakeRun(kwargs["id"])
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(tmp_path, max_iters=2, eval_interval=2)
+    cfg = replace(cfg, logger=replace(cfg.logger, wandb=True))
+    train(cfg)
+    train(replace(cfg, train=replace(cfg.train, max_iters=4, resume=True)))
+    assert [(kw["id"], kw["resume"]) for kw in inits] == [(None, "allow"), ("new-1", "allow")]
 
 
 def test_muon_trains_and_resumes_exactly(tmp_path, monkeypatch):
