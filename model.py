@@ -1,9 +1,10 @@
 """A compact causal transformer (GPT) with RoPE, grouped-query and sliding-window attention, padding masks, a KV cache.
 
-Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions, the cache,
-attention, MLP, block, the model. The language-model interface it shares with attnlab/rnn.py: forward(idx, targets,
-attention_mask, cache, last_logits_only) -> (logits, loss), new_cache, context_window, num_params,
-flops_per_token. `train.py` trains it; attnlab/decode.py generates from it (`sample.py` on the command line).
+Pure PyTorch modelling: no I/O, no config framework. Read it bottom-up: config, norms and positions, attention's
+masks and kernels, the cache, attention, MLP, block, the model. The language-model interface it shares with
+attnlab/rnn.py: forward(idx, targets, attention_mask, cache, last_logits_only) -> (logits, loss), new_cache,
+context_window, num_params, flops_per_token. `train.py` trains it; attnlab/decode.py generates from it (`sample.py`
+on the command line).
 """
 import math
 from dataclasses import dataclass
@@ -33,19 +34,23 @@ class GPTConfig:
     window: int = 0  # each query attends to itself and the window-1 tokens before it; 0 = full causal attention
 
     def __post_init__(self):
-        # checked in order, each message built only once the checks before it hold: n_embd // n_head needs n_head > 0
+        # in this order: the later checks divide by n_head and n_kv_head, which the first ones make positive
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            require(getattr(self, name) > 0, f"{name}={getattr(self, name)} must be positive")
-        require(self.n_kv_head is None or self.n_kv_head > 0, f"n_kv_head={self.n_kv_head} must be positive or None")
+            value = getattr(self, name)
+            require(value > 0, f"{name}={value} must be positive")
+        if self.n_kv_head is not None:
+            require(self.n_kv_head > 0, f"n_kv_head={self.n_kv_head} must be positive or None")
         require(self.n_embd % self.n_head == 0,
                 f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_embd a multiple of n_head")
         require(self.n_head % self.kv_heads == 0,
                 f"n_head={self.n_head} is not a multiple of n_kv_head={self.kv_heads}; pick n_kv_head dividing n_head")
         require(self.pos in ("rope", "learned", "sinusoidal", "none"),
                 f"pos={self.pos!r} is unknown; use rope, learned, sinusoidal or none")
-        require(self.pos != "rope" or self.head_size % 2 == 0,
-                f"RoPE needs an even head size, got n_embd/n_head={self.head_size}; change n_embd or n_head")
-        require(self.pos != "sinusoidal" or self.n_embd % 2 == 0, "sinusoidal positions need an even n_embd")
+        if self.pos == "rope":
+            require(self.head_size % 2 == 0,
+                    f"RoPE needs an even head size, got n_embd/n_head={self.head_size}; change n_embd or n_head")
+        if self.pos == "sinusoidal":
+            require(self.n_embd % 2 == 0, "sinusoidal positions need an even n_embd")
         require(self.attn in ("sdpa", "manual"), f"attn={self.attn!r} is unknown; use sdpa or manual")
         require(self.norm in ("layernorm", "rmsnorm"), f"norm={self.norm!r} is unknown; use layernorm or rmsnorm")
         require(self.mlp in ("gelu", "relu2"), f"mlp={self.mlp!r} is unknown; use gelu or relu2")
@@ -55,7 +60,9 @@ class GPTConfig:
 
     @property
     def kv_heads(self):
-        return self.n_kv_head or self.n_head
+        if self.n_kv_head is None:
+            return self.n_head
+        return self.n_kv_head
 
     @property
     def head_size(self):
@@ -72,41 +79,141 @@ def lm_loss(logits, targets, attention_mask=None):
     """Mean cross-entropy over real target positions (-1 and padded positions are ignored), computed in fp32."""
     if attention_mask is not None:
         targets = targets.masked_fill(~attention_mask.bool(), -1)
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+    logits = logits.float().view(-1, logits.size(-1))  # (B·T, vocab)
+    return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
 
 def make_norm(config, dim):
-    return nn.RMSNorm(dim) if config.norm == "rmsnorm" else nn.LayerNorm(dim, bias=config.bias)
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(dim)
+    return nn.LayerNorm(dim, bias=config.bias)
 
 
 def sinusoidal_table(length, dim):
     """The fixed position table of "Attention Is All You Need", (length, dim)."""
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    even = torch.arange(0, dim, 2, dtype=torch.float32)  # (dim/2,) the even column indices 2i
+    freq = torch.exp(even * (-math.log(10000.0) / dim))  # (dim/2,) 10000^(-2i/dim)
     angles = torch.arange(length, dtype=torch.float32)[:, None] * freq  # (length, dim/2)
-    return torch.stack([angles.sin(), angles.cos()], -1).flatten(1)  # sin in the even columns, cos in the odd
+    table = torch.stack([angles.sin(), angles.cos()], -1)  # (length, dim/2, 2)
+    return table.flatten(1)  # (length, dim): sin in the even columns, cos in the odd
 
 
 def rope_tables(length, head_size, base):
     """cos and sin of position * frequency, each (length, head_size): the halves repeat, sin's first one negated."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, head_size/2)
-    return torch.cat([angles.cos(), angles.cos()], 1), torch.cat([-angles.sin(), angles.sin()], 1)
+    exponents = torch.arange(0, head_size, 2, dtype=torch.float32) / head_size  # (hs/2,) 2i/hs
+    inv_freq = 1.0 / base ** exponents  # (hs/2,)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)  # (length, hs/2)
+    cos = torch.cat([angles.cos(), angles.cos()], 1)  # (length, hs)
+    sin = torch.cat([-angles.sin(), angles.sin()], 1)  # (length, hs)
+    return cos, sin
 
 
 def apply_rope(x, cos, sin):
     """Rotate each (x1, x2) pair of x (B, nh, T, hs) by its position's angle; cos/sin (B or 1, 1, T, hs).
     (x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin), written with the halves swapped by one roll: three kernels
     instead of eight, which shows in the per-token cost of decoding."""
-    return torch.addcmul(x * cos, x.roll(x.size(-1) // 2, -1), sin).type_as(x)
+    x_cos = x * cos  # (B, nh, T, hs)
+    swapped = x.roll(x.size(-1) // 2, -1)  # (B, nh, T, hs): (x2, x1)
+    return torch.addcmul(x_cos, swapped, sin).type_as(x)  # x·cos + swapped·sin, sin's first half negated
+
+
+def band_mask(query_pos, key_pos, window=0):
+    """(T, S), True where a query at sequence index query_pos (T,) may see the key at key_pos (S,): causal, and with
+    a window only the last `window` tokens, itself included (i - window < j <= i)."""
+    back = query_pos[:, None] - key_pos  # (T, S): how many tokens back each key is
+    if window:
+        return (back >= 0) & (back < window)
+    return back >= 0
+
+
+def manual_attention(q, k, v, mask, is_causal, dropout_p=0.0, window=0):
+    """softmax(QKᵀ/√d_k)V written out; returns the output (B, nh, T, hs) and the weights (B, nh, T, S)."""
+    groups = q.size(1) // k.size(1)  # query heads per K/V head (GQA)
+    k = k.repeat_interleave(groups, dim=1)  # (B, nh, S, hs)
+    v = v.repeat_interleave(groups, dim=1)  # (B, nh, S, hs)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, S)
+    if is_causal:
+        S = k.size(2)
+        T = q.size(2)
+        query_pos = torch.arange(S - T, S, device=q.device)  # the queries are the last T keys
+        key_pos = torch.arange(S, device=q.device)
+        mask = band_mask(query_pos, key_pos, window)  # (T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # (B, nh, T, S)
+    y = F.dropout(weights, dropout_p) @ v  # (B, nh, T, hs)
+    return y, weights
+
+
+def chunk_with_previous(x, W, pad):
+    """Each chunk of W keys (or values) of x (B, nkv, T, hs) beside the chunk before it, zeros before the first and
+    `pad` zeros after the last: (B·n, nkv, 2W, hs) for n chunks."""
+    x = F.pad(x, (0, 0, W, pad))  # (B, nkv, W + n·W, hs)
+    x = x.unfold(2, 2 * W, W)  # (B, nkv, n, hs, 2W): chunk c's keys and the W before them
+    x = x.permute(0, 2, 1, 4, 3)  # (B, n, nkv, 2W, hs)
+    return x.flatten(0, 1)  # (B·n, nkv, 2W, hs)
+
+
+def banded_attention(q, k, v, window, dropout_p=0.0):
+    """Band-causal attention in O(T·W) time and memory (Beltagy et al. 2020, Longformer): each chunk of W queries
+    against the previous chunk's keys and its own, 2W keys under one (W, 2W) band, all chunks in one SDPA call.
+    q (B, nh, T, hs), k and v (B, nkv, T, hs); returns (B, nh, T, hs)."""
+    B, nh, T, hs = q.shape
+    W = window
+    n = (T + W - 1) // W  # chunks
+    pad = n * W - T  # zeros fill the last chunk: keys after every real query, which none of them sees
+    q = F.pad(q, (0, 0, 0, pad))  # (B, nh, n·W, hs)
+    q = q.unflatten(2, (n, W))  # (B, nh, n, W, hs)
+    q = q.transpose(1, 2)  # (B, n, nh, W, hs)
+    q = q.flatten(0, 1)  # (B·n, nh, W, hs)
+    k = chunk_with_previous(k, W, pad)  # (B·n, nkv, 2W, hs)
+    v = chunk_with_previous(v, W, pad)  # (B·n, nkv, 2W, hs)
+    key = torch.arange(2 * W, device=q.device)  # a chunk's keys: the previous chunk's W, then its own W
+    chunk = torch.arange(n, device=q.device)[:, None, None, None]  # (n, 1, 1, 1)
+    # query i sits at key W + i; the first chunk must not see the zeros before it
+    in_band = band_mask(key[W:], key, W)  # (W, 2W)
+    after_start = (chunk > 0) | (key >= W)  # (n, 1, 1, 2W)
+    mask = (in_band & after_start).repeat(B, 1, 1, 1)  # (B·n, 1, W, 2W)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=nh != k.size(1))
+    y = y.unflatten(0, (B, n))  # (B, n, nh, W, hs)
+    y = y.transpose(1, 2)  # (B, nh, n, W, hs)
+    y = y.flatten(2, 3)  # (B, nh, n·W, hs)
+    return y[:, :, :T]  # (B, nh, T, hs): the padding queries dropped
+
+
+@dataclass
+class AttentionKeys:
+    """The keys one forward pass attends to, where it needs a mask (padding, or several tokens continuing a cache)."""
+    pos: torch.Tensor  # (S,) each key's sequence index
+    real: torch.Tensor  # (B, S) False at padding
+    pads: torch.Tensor  # (B, T) padding tokens in each row up to and including each query
+
+    def mask(self, query_pos, window=0):
+        """(B, 1, T, S) for queries at query_pos (T,): causal, in the window, real keys only; each query also sees
+        itself so that no row is empty (a padding query's row)."""
+        mask = band_mask(query_pos, self.pos, window) & self.real[:, None]  # (B, T, S)
+        mask = mask | (self.pos == query_pos[:, None])  # (B, T, S)
+        return mask[:, None]  # (B, 1, T, S): broadcast over heads
+
+    def positions(self, query_pos):
+        """(B, T): each query's index among the real tokens of its row (0 for padding)."""
+        return (query_pos[None] - self.pads).clamp(min=0)
 
 
 class KVCache:
     """Keys and values of every layer for batch_size sequences, in max_len slots: sequence index p in slot
-    p % max_len. A windowed model's cache has only `window` slots, a ring of the keys its queries can still see, so
-    its memory stays constant however many tokens are generated. Keys are stored after RoPE: slot order is free."""
+    p % slots. A windowed model's cache has only `window` slots, a ring of the keys its queries can still see, so
+    its memory stays constant however many tokens are generated. Keys are stored after RoPE: slot order is free.
+
+    One forward pass of T new tokens, at sequence indices length .. length + T - 1: attention_keys (before the
+    layers: what the mask and the positions need), update (in each layer: store its keys and values, get those its
+    queries see), advance (after the layers: count the tokens as held)."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
-        self.slots = min(max_len, config.window or max_len)
+        self.batch_size = batch_size
+        self.slots = max_len
+        if config.window:
+            self.slots = min(max_len, config.window)
         shape = (config.n_layer, batch_size, config.kv_heads, self.slots, config.head_size)
         self.k = torch.empty(shape, device=device, dtype=dtype)  # only filled slots are ever read
         self.v = torch.empty(shape, device=device, dtype=dtype)
@@ -120,112 +227,146 @@ class KVCache:
         """Forget every token, keeping the memory (generation refills the cache when its context is full)."""
         self.key_mask.fill_(True)
         self.pads.zero_()
-        self.masked = False  # whether each forward needs a mask: after padding, or several tokens continuing the cache
-        self.length = 0  # tokens taken so far: sequence indices 0 .. length - 1
+        self.masking = False  # True once a call needed a mask (padding, a continuation): every later call builds one
+        self.length = 0  # tokens held: sequence indices 0 .. length - 1
 
-    def append(self, query_pos, real=None):
-        """Place new tokens at sequence indices query_pos (T,), real (B, T) False at padding, before the layers store
-        them. Returns the keys update will return, as sequence indices (S,) and real (B, S), or None, None where no
-        mask is needed; and the padding before each new token (B, T), or 0."""
-        start, (T,), size = self.length, query_pos.shape, self.slots
-        # one token is written first, then read with the filled slots (each holds the latest index congruent to it);
-        # more read the earlier slots and their own keys, then write, since writing first could overwrite keys they see
-        filled, self.length = start + (T == 1), start + T
-        self.read, self.write = min(filled, size), query_pos[-size:] % size
-        if real is None and not self.masked and (T == 1 or start == 0):
-            return None, None, 0  # one query sees every key read, several see their own keys only, causally
-        key_pos = filled - 1 - (filled - 1 - torch.arange(self.read, device=query_pos.device)) % size  # (read,)
-        key_pos = key_pos if T == 1 else torch.cat([key_pos, query_pos])
-        real = query_pos.new_ones(self.pads.size(0), T, dtype=torch.bool) if real is None else real
-        key_real = torch.cat([self.key_mask[:, :self.read], real], 1) if T > 1 else None  # read before the write
-        self.key_mask[:, self.write] = real[:, -size:]
-        pads = self.pads + (~real).cumsum(1)
-        self.masked, self.pads = True, pads[:, -1:]
-        return key_pos, key_real if T > 1 else self.key_mask[:, :self.read], pads
+    def needs_mask(self, T, real=None):
+        """Whether T new tokens, real (B, T) False at padding, need a mask. Plain causal attention serves one token
+        (it sees every slot read) and a first call (its queries see each other only); padding, or several tokens
+        continuing the cache, need one, and so does every call after one that did."""
+        if real is not None or self.masking:
+            return True
+        return T > 1 and self.length > 0
+
+    def slots_read(self, T):
+        """How many slots T new tokens read. One token is written first, then read with the filled slots (each holds
+        the latest index congruent to it); several read the filled slots and their own keys, then are written,
+        since writing first could overwrite keys they see."""
+        if T == 1:
+            return min(self.length + 1, self.slots)
+        return min(self.length, self.slots)
+
+    def slot_positions(self, T):
+        """(read,): the sequence index each slot read by T new tokens holds when it is read."""
+        newest = self.length - 1  # the newest token in the slots
+        if T == 1:
+            newest = self.length  # written before it is read
+        slot = torch.arange(self.slots_read(T), device=self.key_mask.device)
+        return newest - (newest - slot) % self.slots  # the latest index congruent to each slot
+
+    def attention_keys(self, query_pos, real=None):
+        """The keys that new tokens at sequence indices query_pos (T,), real (B, T) False at padding, attend to; None
+        where plain causal attention serves. Reads the cache as the layers will find it and changes nothing."""
+        T = query_pos.size(0)
+        if not self.needs_mask(T, real):
+            return None
+        if real is None:
+            real = query_pos.new_ones(self.batch_size, T, dtype=torch.bool)
+        stored_pos = self.slot_positions(T)  # (read,)
+        stored_real = self.key_mask[:, :stored_pos.size(0)]  # (B, read)
+        pads = self.pads + (~real).cumsum(1)  # (B, T)
+        if T == 1:  # its slot is among those read: show the new token's flag there
+            stored_real = stored_real.clone()
+            stored_real[:, self.length % self.slots] = real[:, 0]
+            return AttentionKeys(pos=stored_pos, real=stored_real, pads=pads)
+        key_pos = torch.cat([stored_pos, query_pos])  # (read + T,)
+        key_real = torch.cat([stored_real, real], 1)  # (B, read + T)
+        return AttentionKeys(pos=key_pos, real=key_real, pads=pads)
+
+    def get_layer_cache(self, layer):
+        """One layer's key and value slots, each (B, n_kv_head, slots, hs)."""
+        return self.layers[layer]
+
+    def write(self, stored, new):
+        """Write new keys or values (B, n_kv_head, T, hs), from sequence index length on, into stored's slots: index
+        p in slot p % slots; of more than `slots` new tokens only the last `slots` are kept."""
+        T = new.size(2)
+        if T == 1:  # decoding: one copy into its slot
+            stored.narrow(2, self.length % self.slots, 1).copy_(new)
+            return
+        kept = torch.arange(self.length, self.length + T, device=new.device)[-self.slots:]  # their sequence indices
+        stored.index_copy_(2, kept % self.slots, new[:, :, -self.slots:])
 
     def update(self, layer, k, v):
-        """Store k, v (B, n_kv_head, T, hs) where append placed them; return the keys and values the T queries see."""
-        keys, values = self.layers[layer]
-        if k.size(2) > 1:
-            seen = torch.cat([keys.narrow(2, 0, self.read), k], 2), torch.cat([values.narrow(2, 0, self.read), v], 2)
-        for stored, new in ((keys, k), (values, v)):
-            stored.index_copy_(2, self.write, new[:, :, -self.slots:])
-        return seen if k.size(2) > 1 else (keys.narrow(2, 0, self.read), values.narrow(2, 0, self.read))
+        """Store one layer's new keys and values k, v (B, n_kv_head, T, hs); return the keys and values its T queries
+        see, each (B, n_kv_head, S, hs) in the order of attention_keys."""
+        keys, values = self.get_layer_cache(layer)
+        T = k.size(2)
+        read = self.slots_read(T)
+        if T == 1:
+            self.write(keys, k)
+            self.write(values, v)
+            return keys.narrow(2, 0, read), values.narrow(2, 0, read)
+        seen_keys = torch.cat([keys.narrow(2, 0, read), k], 2)  # (B, nkv, read + T, hs)
+        seen_values = torch.cat([values.narrow(2, 0, read), v], 2)  # (B, nkv, read + T, hs)
+        self.write(keys, k)
+        self.write(values, v)
+        return seen_keys, seen_values
+
+    def advance(self, query_pos, real=None):
+        """Count the new tokens at query_pos (T,) as held, once every layer has stored them; where they needed a mask,
+        keep their padding flags in their slots and the padding so far, which later masks and positions read."""
+        T = query_pos.size(0)
+        if self.needs_mask(T, real):
+            slot = query_pos[-self.slots:] % self.slots  # the last `slots` tokens' slots
+            if real is None:  # every new token is real
+                self.key_mask[:, slot] = True
+            else:
+                self.key_mask[:, slot] = real[:, -self.slots:]
+                self.pads += (~real).sum(1, keepdim=True)
+            self.masking = True
+        self.length += T
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config, layer):
         super().__init__()
-        self.layer, self.n_head, self.n_kv_head, self.window = layer, config.n_head, config.kv_heads, config.window
-        self.head_size, self.dropout, self.backend = config.head_size, config.dropout, config.attn
+        self.layer = layer  # this layer's index in a KV cache
+        self.n_head = config.n_head
+        self.n_kv_head = config.kv_heads
+        self.head_size = config.head_size
+        self.n_embd = config.n_embd
+        self.kv_embd = config.kv_heads * config.head_size  # the width of K, and of V
+        self.gqa = config.kv_heads != config.n_head  # grouped-query: several query heads share each K/V head
+        self.window = config.window
+        self.dropout = config.dropout
+        self.backend = config.attn
         # Q = XW_Q, K = XW_K, V = XW_V as one fused matmul; K and V have n_kv_head heads each
-        self.c_attn = nn.Linear(config.n_embd, (config.n_head + 2 * config.kv_heads) * config.head_size, config.bias)
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.q_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
 
     def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split([self.n_head * self.head_size, self.n_kv_head * self.head_size,
-                                        self.n_kv_head * self.head_size], dim=2)
-        q = self.q_norm(q.view(B, T, self.n_head, self.head_size).transpose(1, 2))  # (B, nh, T, hs)
-        k = self.k_norm(k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2))  # (B, nkv, T, hs)
+        B, T, C = x.size()  # batch size, sequence length, embedding width (n_embd)
+        q, k, v = self.c_attn(x).split([self.n_embd, self.kv_embd, self.kv_embd], dim=2)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        q = self.q_norm(q)
+        k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
+        k = self.k_norm(k)
         v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            cos, sin = rope
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
         if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # (B, nkv, S, hs), S = cached + T
+            k, v = cache.update(self.layer, k, v)  # (B, nkv, S, hs), S = slots read + T
         # mask None with T > 1: causal (band-causal with a window) over these T keys; T == 1 sees every key
         is_causal = mask is None and T > 1
+        banded = is_causal and 0 < self.window < T  # a band narrower than T (padding: a full mask instead)
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if self.backend == "manual" or return_weights:
             y, weights = manual_attention(q, k, v, mask, is_causal, dropout_p, self.window)
-        elif is_causal and T > self.window > 0:  # a band narrower than T: O(T·W) by chunks (padding: a full mask)
+        elif banded:  # O(T·W) by chunks
             y = banded_attention(q, k, v, self.window, dropout_p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                                               enable_gqa=self.n_kv_head != self.n_head)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side: (B, T, nh * hs)
-        return self.resid_dropout(self.c_proj(y)), weights
-
-
-def band_mask(query_pos, key_pos, window=0):
-    """(T, S), True where a query at sequence index query_pos (T,) may see the key at key_pos (S,): causal, and with
-    a window only the last `window` tokens, itself included (i - window < j <= i)."""
-    back = query_pos[:, None] - key_pos  # how many tokens back each key is
-    return (back >= 0) & (back < window) if window else back >= 0
-
-
-def manual_attention(q, k, v, mask, is_causal, dropout_p=0.0, window=0):
-    """softmax(QKᵀ/√d_k)V written out; returns the output (B, nh, T, hs) and the weights (B, nh, T, S)."""
-    groups = q.size(1) // k.size(1)
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # GQA: share each K/V head
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, nh, T, S)
-    if is_causal:
-        S = k.size(2)
-        mask = band_mask(torch.arange(S - q.size(2), S, device=q.device), torch.arange(S, device=q.device), window)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    return F.dropout(weights, dropout_p) @ v, weights
-
-
-def banded_attention(q, k, v, window, dropout_p=0.0):
-    """Band-causal attention in O(T·W) time and memory (Beltagy et al. 2020, Longformer): each chunk of W queries
-    against the previous chunk's keys and its own, 2W keys under one (W, 2W) band, all chunks in one SDPA call.
-    q (B, nh, T, hs), k and v (B, nkv, T, hs); returns (B, nh, T, hs)."""
-    (B, nh, T, hs), W = q.shape, window
-    n = -(-T // W)  # chunks; zeros pad the last one (keys after every real query, which none of them sees)
-    q = F.pad(q, (0, 0, 0, n * W - T)).unflatten(2, (n, W)).transpose(1, 2).flatten(0, 1)  # (B·n, nh, W, hs)
-    # each chunk's keys and values: the previous chunk's (zeros before the first) and its own, (B·n, nkv, 2W, hs)
-    k, v = (F.pad(x, (0, 0, W, n * W - T)).unfold(2, 2 * W, W).permute(0, 2, 1, 4, 3).flatten(0, 1) for x in (k, v))
-    key, chunk = torch.arange(2 * W, device=q.device), torch.arange(n, device=q.device)[:, None, None, None]
-    # query i sits at key W + i; the first chunk must not see the zeros before it
-    mask = (band_mask(key[W:], key, W) & ((chunk > 0) | (key >= W))).repeat(B, 1, 1, 1)  # (B·n, 1, W, 2W)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=nh != k.size(1))
-    return y.unflatten(0, (B, n)).transpose(1, 2).flatten(2, 3)[:, :, :T]  # (B, nh, T, hs)
+                                               enable_gqa=self.gqa)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh·hs): heads side by side
+        y = self.resid_dropout(self.c_proj(y))
+        return y, weights
 
 
 class MLP(nn.Module):
@@ -237,9 +378,13 @@ class MLP(nn.Module):
         self.relu2 = config.mlp == "relu2"
 
     def forward(self, x):
-        h = self.c_fc(x)
-        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
-        return self.dropout(self.c_proj(h))
+        x = self.c_fc(x)
+        if self.relu2:
+            x = F.relu(x).square()
+        else:
+            x = F.gelu(x, approximate="tanh")
+        x = self.c_proj(x)
+        return self.dropout(x)
 
 
 class Block(nn.Module):
@@ -253,7 +398,8 @@ class Block(nn.Module):
     def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
         a, weights = self.attn(self.ln_1(x), rope, mask, cache, return_weights)
         x = x + a
-        return x + self.mlp(self.ln_2(x)), weights
+        x = x + self.mlp(self.ln_2(x))
+        return x, weights
 
 
 class GPT(nn.Module):
@@ -290,15 +436,23 @@ class GPT(nn.Module):
 
     def num_params(self, embeddings=True):
         """Parameters counted once (a tied head counts once); without embeddings drops wte and wpe."""
-        skip = () if embeddings else ("transformer.wte", "transformer.wpe")
+        skip = ()
+        if not embeddings:
+            skip = ("transformer.wte", "transformer.wpe")
         return sum(p.numel() for name, p in self.named_parameters() if not name.startswith(skip))
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6N for the matmuls plus 12·L·C·T for attention
         (PaLM, appendix B). N counts the output head but not the embedding lookups."""
-        cfg, T = self.config, seq_len or self.config.block_size
-        n = self.num_params(embeddings=False) + self.lm_head.weight.numel() * cfg.tie_weights  # tied: skipped as wte
-        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * min(T, cfg.window or T)  # a query sees at most window keys
+        cfg = self.config
+        T = seq_len or cfg.block_size
+        n = self.num_params(embeddings=False)
+        if cfg.tie_weights:
+            n += self.lm_head.weight.numel()  # the tied head was skipped as wte, but its matmul runs
+        keys = T
+        if cfg.window:
+            keys = min(T, cfg.window)  # a query sees at most window keys
+        return 6 * n + 12 * cfg.n_layer * cfg.n_embd * keys
 
     @property
     def context_window(self):
@@ -309,24 +463,36 @@ class GPT(nn.Module):
         """An empty KV cache for batch_size sequences of up to context_window tokens."""
         return KVCache(self.config, batch_size, self.config.block_size, device, dtype)
 
+    def attention_keys(self, query_pos, real, cache):
+        """The keys that tokens at sequence indices query_pos (T,), real (B, T) False at padding (or None), attend
+        to, for the mask and the positions; None where plain causal attention serves and positions are indices."""
+        if cache is not None:
+            return cache.attention_keys(query_pos, real)
+        if real is None:
+            return None
+        return AttentionKeys(pos=query_pos, real=real, pads=(~real).cumsum(1))
+
     def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False,
                 return_weights=False):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
         continued from its filled positions. Returns logits (B, T, vocab), and the mean loss over real
         target positions (None without targets); with return_weights also each layer's (B, nh, T, S)."""
-        T, start = idx.size(1), cache.length if cache is not None else 0
+        T = idx.size(1)
+        start = 0
+        if cache is not None:
+            start = cache.length
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
         query_pos = torch.arange(start, start + T, device=idx.device)  # (T,) each token's index in the sequence
-        real = None if attention_mask is None else attention_mask.bool()  # (B, T)
-        # the keys attention sees, (S,) and real (B, S) (None: plain causal needs no mask); padding before each token
-        key_pos, key_real, pads = (cache.append(query_pos, real) if cache is not None else
-                                   (None, None, 0) if real is None else (query_pos, real, (~real).cumsum(1)))
-        mask, positions = None, (query_pos[None] - pads).clamp(min=0)  # (B|1, T): real tokens before each one
-        if key_pos is not None:  # padding, or several queries continuing a cache
-            # causal, in the window, real keys only; each query also sees itself so that no row is empty (padded rows)
-            mask = band_mask(query_pos, key_pos, self.config.window) & key_real[:, None]  # (B, T, S)
-            mask = (mask | (key_pos == query_pos[:, None]))[:, None]  # (B, 1, T, S), broadcast over heads
+        real = None
+        if attention_mask is not None:
+            real = attention_mask.bool()  # (B, T)
+        keys = self.attention_keys(query_pos, real, cache)
+        mask = None
+        positions = query_pos[None]  # (1, T)
+        if keys is not None:  # padding, or several queries continuing a cache
+            mask = keys.mask(query_pos, self.config.window)  # (B, 1, T, S)
+            positions = keys.positions(query_pos)  # (B, T): real tokens before each one
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.pos == "learned":
@@ -334,15 +500,26 @@ class GPT(nn.Module):
         elif self.config.pos == "sinusoidal":
             x = x + self.sinusoid[positions]
         elif self.config.pos == "rope":
-            rope = (self.rope_cos[positions][:, None], self.rope_sin[positions][:, None])  # (B|1, 1, T, hs)
+            cos = self.rope_cos[positions][:, None]  # (B|1, 1, T, hs)
+            sin = self.rope_sin[positions][:, None]  # (B|1, 1, T, hs)
+            rope = (cos, sin)
         x = self.transformer.drop(x)
         all_weights = []
         for block in self.transformer.h:
             x, weights = block(x, rope, mask, cache, return_weights)
             all_weights.append(weights)
-        logits = self.lm_head(self.transformer.ln_f(x[:, -1:] if last_logits_only else x))
-        loss = None if targets is None else lm_loss(logits, targets, attention_mask)
-        return (logits, loss, all_weights) if return_weights else (logits, loss)
+        if cache is not None:
+            cache.advance(query_pos, real)
+        if last_logits_only:
+            x = x[:, -1:]  # (B, 1, C): only the next token's logits
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = lm_loss(logits, targets, attention_mask)
+        if return_weights:
+            return logits, loss, all_weights
+        return logits, loss
 
     @torch.no_grad()
     def attention_maps(self, idx, attention_mask=None):

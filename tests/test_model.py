@@ -184,6 +184,54 @@ def test_new_cache_holds_one_context_window():
     assert cache.k.shape == cache.v.shape == (2, 3, 2, 32, 8) and cache.k.dtype == torch.float16  # (L, B, nkv, W, hs)
 
 
+def ring_cache(batch_size):
+    """A one-layer cache of 4 slots (window=4): sequence index p in slot p % 4."""
+    config = GPTConfig(vocab_size=37, block_size=32, n_layer=1, n_head=2, n_embd=16, window=4)
+    return KVCache(config, batch_size, 32, "cpu", torch.float32)
+
+
+def test_the_cache_steps_name_the_keys_each_call_sees_and_count_padding():
+    cache = ring_cache(2)
+    prompt = torch.arange(6)
+    real = torch.ones(2, 6, dtype=torch.bool)
+    real[1, :3] = False  # row 1: three padding tokens, then three real ones
+    assert cache.attention_keys(prompt) is None  # a first call without padding: plain causal attention
+    keys = cache.attention_keys(prompt, real)
+    assert cache.length == 0 and not cache.masking  # reading the keys changes nothing
+    assert keys.pos.tolist() == [0, 1, 2, 3, 4, 5]  # no slot filled yet: the tokens' own keys
+    assert keys.positions(prompt).tolist() == [[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]]
+    cache.advance(prompt, real)
+    # the last four tokens (2..5) in slots 2, 3, 0, 1; row 1's token 2 is padding
+    assert cache.length == 6 and cache.pads.tolist() == [[0], [3]]
+    assert cache.key_mask.tolist() == [[True] * 4, [True, True, False, True]]
+    # one token is written into slot 6 % 4 = 2 first, then read with the other three
+    assert cache.slots_read(1) == 4
+    keys = cache.attention_keys(torch.tensor([6]))
+    assert keys.pos.tolist() == [4, 5, 6, 3]
+    assert keys.real.tolist() == [[True] * 4, [True] * 4]  # slot 2 shows the new token's flag, not token 2's
+    assert keys.positions(torch.tensor([6])).tolist() == [[6], [3]]
+    # several tokens read the four filled slots, then their own keys
+    assert cache.slots_read(3) == 4
+    assert cache.attention_keys(torch.arange(6, 9)).pos.tolist() == [4, 5, 2, 3, 6, 7, 8]
+    cache.clear()
+    assert cache.length == 0 and cache.attention_keys(torch.arange(3)) is None
+    assert cache.pads.tolist() == [[0], [0]] and cache.key_mask.all()
+
+
+def test_the_cache_update_writes_the_ring_and_returns_the_keys_the_queries_see():
+    cache = ring_cache(1)
+    k = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 2, 6, 8)  # each key holds its sequence index
+    seen_k, seen_v = cache.update(0, k, k + 100)
+    assert torch.equal(seen_k, k) and torch.equal(seen_v, k + 100)  # a first call sees its own keys
+    cache.advance(torch.arange(6))
+    assert cache.k[0, 0, 0, :, 0].tolist() == [4, 5, 2, 3]  # the last four, in slot p % 4
+    seen_k, seen_v = cache.update(0, torch.full((1, 2, 1, 8), 6.0), torch.full((1, 2, 1, 8), 106.0))
+    assert seen_k[0, 0, :, 0].tolist() == [4, 5, 6, 3] and seen_v[0, 0, :, 0].tolist() == [104, 105, 106, 103]
+    cache.advance(torch.tensor([6]))
+    seen_k, _ = cache.update(0, k[:, :, :2] + 7, k[:, :, :2] + 107)  # two more, seen after the four slots
+    assert seen_k[0, 0, :, 0].tolist() == [4, 5, 6, 3, 7, 8]
+
+
 @pytest.mark.parametrize("kw, message", [
     (dict(n_embd=130, n_head=4), "n_embd=130 is not divisible by n_head=4"),
     (dict(n_embd=36, n_head=4, pos="rope"), "RoPE needs an even head size"),
