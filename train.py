@@ -37,7 +37,7 @@ from attnlab.hf import pretrained_gpt2
 from attnlab.record import RunLog
 from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
 from attnlab.scoring import Tally, byte_counts, full_score
-from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
+from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 
 register_configs()
 
@@ -274,6 +274,9 @@ def print_start(run, state, dtype, grad_accum, tokens_per_micro):
                       f"{grad_accum} micro-step(s) of {tokens_per_micro:,} tokens per step")
     if run.resumed:
         run.run_log.print(f"resuming from {run.ckpt_path} at iter {run.start_iter}")
+    if warmup_steps(cfg.train) != cfg.train.warmup_iters:
+        run.run_log.print(f"train.warmup_iters={cfg.train.warmup_iters} would take the whole run of "
+                          f"{cfg.train.max_iters} steps: warming up over {warmup_steps(cfg.train)} instead")
 
 
 def seconds_trained(run, state):

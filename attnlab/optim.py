@@ -14,12 +14,19 @@ from attnlab.config import TrainConfig
 from attnlab.runtime import autocast_dtype, native_bf16
 
 
+def warmup_steps(t: TrainConfig):
+    """The warmup's length: warmup_iters, or a tenth of the run where warmup_iters would take all of it (a short run
+    of a recipe made for a long one should still decay)."""
+    return t.warmup_iters if t.warmup_iters < t.max_iters else t.max_iters // 10
+
+
 def get_lr(it, t: TrainConfig, seconds=0.0):
-    """Linear warmup to learning_rate, then a cosine decay to min_lr that ends at max_iters, or with a time budget at
-    time_budget_s seconds of training, whichever comes first."""
-    if it < t.warmup_iters:
-        return t.learning_rate * (it + 1) / t.warmup_iters
-    progress = (it - t.warmup_iters) / max(1, t.max_iters - t.warmup_iters)
+    """Linear warmup to learning_rate (warmup_steps), then a cosine decay to min_lr that ends at max_iters, or with a
+    time budget at time_budget_s seconds of training, whichever comes first."""
+    warmup = warmup_steps(t)
+    if it < warmup:
+        return t.learning_rate * (it + 1) / warmup
+    progress = (it - warmup) / max(1, t.max_iters - warmup)
     if t.time_budget_s > 0:
         progress = max(progress, seconds / t.time_budget_s)
     progress = min(progress, 1.0)

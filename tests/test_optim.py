@@ -250,3 +250,10 @@ def test_newton_schulz_runs_in_bf16_only_in_a_bf16_run_where_it_is_native(monkey
     monkeypatch.setattr(optim, "native_bf16", lambda device: native)
     _, muon = make_optimizer(tiny_gpt(), TrainConfig(optimizer="muon", dtype=dtype), CPU).optimizers
     assert muon.ns_dtype == ns_dtype
+
+
+def test_a_warmup_that_would_take_the_whole_run_takes_a_tenth_of_it():
+    t = TrainConfig(warmup_iters=100, max_iters=50, learning_rate=1e-3, min_lr=1e-4)
+    assert optim.warmup_steps(t) == 5
+    assert optim.get_lr(4, t) == pytest.approx(1e-3) and optim.get_lr(49, t) < 2e-4  # warmed up, then decayed
+    assert optim.warmup_steps(TrainConfig(warmup_iters=10, max_iters=50)) == 10
