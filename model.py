@@ -83,9 +83,17 @@ def lm_loss(logits, targets, attention_mask=None):
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
 
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm with its gain cast to the input's dtype: under bf16 autocast the input is bf16 and the gain fp32,
+    which torch's fused kernel refuses (with a warning, falling back to the unfused path)."""
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 def make_norm(config, dim):
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(dim)
+        return RMSNorm(dim)
     return nn.LayerNorm(dim, bias=config.bias)
 
 
@@ -335,8 +343,8 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * self.kv_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.q_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
 
     def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
         B, T, C = x.size()  # batch size, sequence length, embedding width (n_embd)

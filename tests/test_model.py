@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, apply_rope, rope_tables
+from model import GPT, GPTConfig, KVCache, RMSNorm, apply_rope, rope_tables
 
 POS = ["rope", "learned", "sinusoidal", "none"]
 ATTN = ["sdpa", "manual"]
@@ -248,3 +248,19 @@ def test_sdpa_and_manual_backends_agree(n_kv_head):
     a, b = tiny(attn="sdpa", n_kv_head=n_kv_head), tiny(attn="manual", n_kv_head=n_kv_head)
     x = torch.randint(0, 37, (2, 16))
     torch.testing.assert_close(a(x)[0], b(x)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.filterwarnings("error")
+def test_rmsnorm_under_bf16_autocast_is_fused_and_matches_fp32():
+    torch.manual_seed(0)
+    norm = RMSNorm(64)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 16, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(x.bfloat16())  # bf16 in, fp32 gain: the case torch's fused kernel warned about
+    assert y.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), norm(x), rtol=2e-2, atol=2e-2)
+    reference = torch.nn.RMSNorm(64)
+    reference.load_state_dict(norm.state_dict())
+    assert torch.equal(norm(x), reference(x))  # in fp32, exactly nn.RMSNorm's arithmetic
