@@ -16,7 +16,7 @@ from attnlab.config import run_cli
 
 # command: (its main, what its help must say)
 HYDRA_COMMANDS = {
-    "train.py": (train.main, "Train a GPT"),
+    "train.py": (train.main, "train.muon_lr Muon's"),
     "sample.py": (sample.main, "Generate text from a training run's checkpoint"),
     "scripts.evaluate": (scripts.evaluate.main, "Score a run's checkpoint"),
     "scripts.export": (scripts.export.main, "Hugging Face folder"),
