@@ -83,6 +83,56 @@ def lm_loss(logits, targets, attention_mask=None):
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
 
+# From this vocabulary on, a training step's loss is computed in chunks of rows (ChunkedLinearCrossEntropy); smaller
+# vocabularies keep the plain path, whose one (B·T, vocab) tensor is small
+CHUNKED_LOSS_VOCAB = 8192
+CHUNK_LOGITS = 2 ** 21  # logits per chunk (rows x vocab), 8 MB in fp32: small enough for malloc to reuse, not remap
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of the logits h @ weightᵀ against targets (-1 ignored), without ever holding all of
+    them: each chunk of rows makes its logits, its loss and its gradients, then frees the logits (as Liger-Kernel's
+    fused linear cross-entropy). The gradients are computed in the forward pass; backward scales them."""
+
+    @staticmethod
+    def forward(ctx, h, weight, targets):
+        # h (N, C) in the compute dtype, weight (V, C), targets (N,)
+        w = weight.to(h.dtype)  # as autocast casts a linear layer's weight
+        rows = max(1, CHUNK_LOGITS // weight.size(0))
+        count = (targets != -1).sum().clamp(min=1)  # real targets: the mean's denominator
+        loss = torch.zeros((), device=h.device)
+        grad_h = torch.empty_like(h)  # (N, C)
+        grad_w = torch.zeros(weight.shape, device=h.device)  # (V, C), fp32 for the sum over chunks
+        for start in range(0, h.size(0), rows):
+            h_chunk = h[start:start + rows]  # (n, C)
+            t_chunk = targets[start:start + rows]  # (n,)
+            real = t_chunk != -1  # (n,)
+            safe = t_chunk.clamp(min=0)  # (n,) an index for every row; ignored rows are zeroed below
+            logits = (h_chunk @ w.T).float()  # (n, V)
+            lse = logits.logsumexp(-1)  # (n,)
+            loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * real).sum()
+            probs = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
+            probs[torch.arange(probs.size(0), device=h.device), safe] -= 1.0  # d(loss)/d(logits): softmax - onehot
+            probs *= (real / count)[:, None]  # of the mean over real targets
+            grad_h[start:start + rows] = probs.to(h.dtype) @ w  # (n, C)
+            grad_w.addmm_(probs.T, h_chunk.float())  # (V, C)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.weight_dtype = weight.dtype
+        return loss / count
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
+
+
+def chunked_lm_loss(h, weight, targets, attention_mask=None):
+    """lm_loss of the logits h @ weightᵀ, h (B, T, C), in chunks of rows: for a large vocabulary's training step."""
+    if attention_mask is not None:
+        targets = targets.masked_fill(~attention_mask.bool(), -1)
+    return ChunkedLinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.reshape(-1))
+
+
 class RMSNorm(nn.RMSNorm):
     """nn.RMSNorm with its gain cast to the input's dtype: under bf16 autocast the input is bf16 and the gain fp32,
     which torch's fused kernel refuses (with a warning, falling back to the unfused path)."""
@@ -484,7 +534,8 @@ class GPT(nn.Module):
                 return_weights=False):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
         continued from its filled positions. Returns logits (B, T, vocab), and the mean loss over real
-        target positions (None without targets); with return_weights also each layer's (B, nh, T, S)."""
+        target positions (None without targets); with return_weights also each layer's (B, nh, T, S). A training
+        step of a large vocabulary returns logits None (chunked_loss)."""
         T = idx.size(1)
         start = 0
         if cache is not None:
@@ -521,6 +572,8 @@ class GPT(nn.Module):
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C): only the next token's logits
         x = self.transformer.ln_f(x)
+        if self.chunked_loss(targets, return_weights):  # a large vocabulary's training step: no logits returned
+            return None, chunked_lm_loss(x, self.lm_head.weight, targets, attention_mask)
         logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -528,6 +581,12 @@ class GPT(nn.Module):
         if return_weights:
             return logits, loss, all_weights
         return logits, loss
+
+    def chunked_loss(self, targets, return_weights):
+        """Whether forward computes its loss in chunks and returns no logits: a training step (targets, gradients on)
+        with a vocabulary of CHUNKED_LOSS_VOCAB or more, whose (B·T, vocab) logits would dominate its memory."""
+        training_step = targets is not None and torch.is_grad_enabled() and not return_weights
+        return training_step and self.config.vocab_size >= CHUNKED_LOSS_VOCAB
 
     @torch.no_grad()
     def attention_maps(self, idx, attention_mask=None):

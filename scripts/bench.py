@@ -7,6 +7,7 @@ training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparati
     python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, one at a time
     python -m scripts.bench --only ablation --levers momentum,bf16 ...   # the full recipe beside the levers named so
     python -m scripts.bench --only prepare --bpe-file gpt2.tiktoken   # MB/s and peak memory, 1 and 2 workers, 256 MB
+    python -m scripts.bench --only vocab             # GPT-2's vocabulary on a small model: the loss chunked or plain
     python -m scripts.bench --quick                  # tiny sizes, one round: checks that everything runs
     python -m scripts.bench --device cuda            # bf16 autocast and torch.compile; MFU where the peak is known
 
@@ -350,9 +351,75 @@ def prepare_section(args, device, sizes):
            "tokens"], rows)
 
 
+GPT2_VOCAB = 50257
+VOCAB_SHAPE = dict(n_layer=2, n_head=2, n_embd=64, block_size=128)  # a model whose head is most of its FLOPs
+
+
+def vocab_step(loss, batch_size, steps, seed=0):
+    """In this process: `steps` AdamW training steps of a VOCAB_SHAPE GPT with GPT-2's vocabulary, the loss chunked
+    (as train.py computes it) or plain (every logit held at once); returns tokens/s, peak resident MiB and the user
+    and system CPU seconds per step, from getrusage."""
+    import resource  # Unix only, as the bench's other process measurements
+
+    import model as model_module
+    if loss == "plain":
+        model_module.CHUNKED_LOSS_VOCAB = 10 ** 9
+    torch.manual_seed(seed)
+    model = GPT(replace(compose().model, **VOCAB_SHAPE, vocab_size=GPT2_VOCAB))
+    optimizer = make_optimizer(model, compose("train.optimizer=adamw").train, torch.device("cpu"))
+    x, y = torch.randint(0, GPT2_VOCAB, (2, batch_size, VOCAB_SHAPE["block_size"]))
+    train_step(model, optimizer, [(x, y)])  # warm-up: the optimizer's state, the allocator's first pages
+    before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(steps):
+        train_step(model, optimizer, [(x, y)])
+    seconds, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    return dict(tokens_per_s=batch_size * VOCAB_SHAPE["block_size"] * steps / seconds, peak_mib=after.ru_maxrss / 1024,
+                user_s=(after.ru_utime - before.ru_utime) / steps, sys_s=(after.ru_stime - before.ru_stime) / steps)
+
+
+def head_rate(batch_size, rounds=5):
+    """Tokens/s if a step cost only the head's three matmuls (logits, and the gradients of the hidden states and of
+    the weight), in fp32: the rate a large-vocabulary step at this shape can approach."""
+    rows = batch_size * VOCAB_SHAPE["block_size"]
+    h, w = torch.randn(rows, VOCAB_SHAPE["n_embd"]), torch.randn(GPT2_VOCAB, VOCAB_SHAPE["n_embd"])
+    g = torch.randn(rows, GPT2_VOCAB)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        torch.mm(h, w.T)  # the logits
+        torch.mm(g, w)  # their gradient's share of the hidden states'
+        torch.mm(g.T, h)  # and of the weight's
+        times.append(time.perf_counter() - start)
+    return rows / statistics.median(times)
+
+
+def vocab_section(args, device, sizes):
+    batch_size, steps, rounds = (2, 2, 1) if args.quick else (16, 10, 2)
+    threads = torch.get_num_threads()
+    runs = collections.defaultdict(list)
+    for _ in range(rounds):
+        for loss in ("plain", "chunked"):  # one process each, alternating: peak memory is a process's own
+            code = (f"import json, torch; torch.set_num_threads({threads}); from scripts.bench import vocab_step; "
+                    f"print(json.dumps(vocab_step({loss!r}, {batch_size}, {steps})))")
+            result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+            if result.returncode:
+                sys.exit(f"bench: the {loss} vocabulary step failed: {result.stderr.strip().splitlines()[-1:]}")
+            runs[loss].append(json.loads(result.stdout.splitlines()[-1]))
+    rows = []
+    for loss, results in runs.items():
+        median = {key: statistics.median(r[key] for r in results) for key in results[0]}
+        rows.append([f"{loss} loss", f"{median['tokens_per_s']:,.0f}", f"{median['peak_mib']:,.0f}",
+                     f"{median['user_s']:.3f}", f"{median['sys_s']:.3f}"])
+    rows.append(["the head's three matmuls alone", f"{head_rate(batch_size):,.0f}", "-", "-", "-"])
+    shape = f"{VOCAB_SHAPE['n_layer']}x{VOCAB_SHAPE['n_embd']}, T={VOCAB_SHAPE['block_size']}, B={batch_size}"
+    print(f"### GPT-2's vocabulary on a small model ({shape}, vocab {GPT2_VOCAB:,}, AdamW, fp32, {threads} thread(s), "
+          f"medians of {rounds} process(es) each, {steps} steps)\n")
+    table(["training step", "tokens/s", "peak MiB (max RSS)", "user s/step", "system s/step"], rows)
+
+
 SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
             "generate": generate_section, "speedrun": speedrun_section, "ablation": ablation_section,
-            "prepare": prepare_section}
+            "prepare": prepare_section, "vocab": vocab_section}
 DEFAULT_SECTIONS = "train,sample,attention,generate"  # the whole-run sections take long: ask for them by name
 
 

@@ -66,3 +66,12 @@ def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path,
     assert names == ["change", bench.BASE, "Muon momentum 0.95 instead of 0.85",
                      "nanoGPT's evaluation (20 batches every 250 steps)"]
     assert ran[2] == ["experiment=speedrun_cpu", "train.eval_interval=250", "train.eval_iters=20"]
+
+
+@pytest.mark.slow
+def test_vocab_compares_the_chunked_loss_with_the_plain_one(capsys):
+    bench.main(["--quick", "--only", "vocab"])
+    out = capsys.readouterr().out
+    assert "### GPT-2's vocabulary on a small model" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| plain loss", "| chunked loss", "| the head's"))]
+    assert len(rows) == 3 and all(len(row.split("|")) == 7 for row in rows)

@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, KVCache, RMSNorm, apply_rope, rope_tables
+import model as model_module
+from model import (CHUNKED_LOSS_VOCAB, GPT, GPTConfig, KVCache, RMSNorm, apply_rope, chunked_lm_loss, lm_loss,
+                   rope_tables)
 
 POS = ["rope", "learned", "sinusoidal", "none"]
 ATTN = ["sdpa", "manual"]
@@ -264,3 +266,38 @@ def test_rmsnorm_under_bf16_autocast_is_fused_and_matches_fp32():
     reference = torch.nn.RMSNorm(64)
     reference.load_state_dict(norm.state_dict())
     assert torch.equal(norm(x), reference(x))  # in fp32, exactly nn.RMSNorm's arithmetic
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_chunked_loss_equals_the_plain_one_with_its_gradients(masked):
+    torch.manual_seed(0)
+    h = torch.randn(2, 300, 32, requires_grad=True)
+    weight = torch.randn(9000, 32, requires_grad=True)  # 1,000 rows a chunk would be more than one chunk
+    targets = torch.randint(0, 9000, (2, 300))
+    targets[0, :5] = -1
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    if masked:
+        mask[1, :7] = False
+    plain = lm_loss(torch.nn.functional.linear(h, weight), targets, mask)
+    chunked = chunked_lm_loss(h, weight, targets, mask)
+    assert torch.allclose(plain, chunked, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(plain, [h, weight]), torch.autograd.grad(chunked, [h, weight])):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_a_large_vocabulary_trains_on_the_chunked_loss_to_the_same_gradients(monkeypatch):
+    config = GPTConfig(vocab_size=CHUNKED_LOSS_VOCAB, block_size=16, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = GPT(config)
+    x = torch.randint(0, config.vocab_size, (2, 16))
+    y = torch.randint(0, config.vocab_size, (2, 16))
+    logits, loss = model(x, y)
+    assert logits is None  # the step never holds the (B·T, vocab) logits
+    chunked = torch.autograd.grad(loss, list(model.parameters()))
+    with torch.no_grad():
+        assert model(x, y)[0].shape == (2, 16, config.vocab_size)  # evaluation still gets them
+    monkeypatch.setattr(model_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
+    logits, plain_loss = model(x, y)
+    assert logits is not None and torch.allclose(loss, plain_loss, atol=1e-6)
+    plain = torch.autograd.grad(plain_loss, list(model.parameters()))
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=0) for a, b in zip(chunked, plain))
