@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 
 import torch
 
-from data.tokenizers import GPT2_EOT
+from data.tokenizers import EOT, GPT2_EOT, CharTokenizer, GPT2Tokenizer
 from model import GPT, GPTConfig
 
 # HF GPT-2 keeps these in Conv1D layers, stored (in, out); our nn.Linear stores (out, in). Every other tensor
@@ -35,8 +35,9 @@ def import_transformers(purpose):
     return transformers
 
 
-def to_hf(model: GPT, out_dir):
-    """Write model into out_dir as a Hugging Face GPT-2 (config.json, model.safetensors)."""
+def to_hf(model: GPT, out_dir, tokenizer=None):
+    """Write model into out_dir as a Hugging Face GPT-2 (config.json, model.safetensors), and with tokenizer (one of
+    data/tokenizers.py's) its tokenizer files, so that `pipeline("text-generation", out_dir)` needs nothing else."""
     if not isinstance(model, GPT):
         raise ValueError(f"this run is a {model.config.type.upper()}, not a GPT; only a GPT trained with model=gpt2 "
                          "exports to GPT-2's format")
@@ -56,6 +57,70 @@ def to_hf(model: GPT, out_dir):
     state = {name: w.t() if name.endswith(CONV1D_WEIGHTS) else w for name, w in model.state_dict().items()}
     hf.load_state_dict(state)  # strict: a name or shape that does not map fails here, not in a later load
     hf.save_pretrained(out_dir)
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer, transformers).save_pretrained(out_dir)
+
+
+def byte_symbols():
+    """GPT-2's printable stand-in for each byte, as its vocab.json spells tokens (Radford et al.'s encoder.py)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols = {b: chr(b) for b in printable}
+    others = [b for b in range(256) if b not in symbols]
+    symbols.update({b: chr(256 + n) for n, b in enumerate(others)})
+    return symbols
+
+
+def merge_parts(ranks, token, rank):
+    """The two tokens that the merge of rank `rank` joins into `token`: byte-pair encoding of token's bytes with the
+    merges before it only; None for a token no merge makes (a byte, or an id a ranks file fills unreachably)."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        pairs = [(ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1)]
+        best, i = min(pairs)
+        if best >= rank:
+            return None
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    if len(parts) == 2 and ranks.get(parts[0]) is not None and ranks.get(parts[1]) is not None:
+        return parts
+    return None
+
+
+def hf_tokenizer(tokenizer, transformers):
+    """Our tokenizer as a transformers fast tokenizer that encodes and decodes alike: characters as a vocabulary of
+    single characters, a byte-level BPE (GPT-2's or the corpus's own) as its vocabulary, merges and pre-tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    if isinstance(tokenizer, CharTokenizer):
+        vocab = {c: i for i, c in enumerate(tokenizer.chars)}
+        fast = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: each character is its own token
+        fast.decoder = decoders.Fuse()
+        return transformers.PreTrainedTokenizerFast(tokenizer_object=fast, clean_up_tokenization_spaces=False)
+    enc = tokenizer.enc
+    ranks = {}
+    for i in range(enc.n_vocab):
+        if not enc.is_special_token(i):
+            try:
+                ranks[enc.decode_single_token_bytes(i)] = i
+            except KeyError:  # an id that no token has
+                pass
+    symbols = byte_symbols()
+    spell = lambda token: "".join(symbols[b] for b in token)  # noqa: E731
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = merge_parts(ranks, token, rank)
+        if parts is not None:
+            merges.append((spell(parts[0]), spell(parts[1])))
+    fast = Tokenizer(models.BPE(vocab={spell(token): rank for token, rank in ranks.items()}, merges=merges))
+    if isinstance(tokenizer, GPT2Tokenizer):
+        fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's own regex
+    else:
+        fast.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(tokenizer.pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    fast.decoder = decoders.ByteLevel()
+    fast.add_special_tokens([AddedToken(EOT, special=True)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=fast, eos_token=EOT, bos_token=EOT,
+                                                clean_up_tokenization_spaces=False)
 
 
 def from_hf(name_or_path) -> GPT:

@@ -1,9 +1,10 @@
-"""Export a training run as a Hugging Face GPT-2 folder (config.json, model.safetensors).
+"""Export a training run as a Hugging Face GPT-2 folder: config.json, model.safetensors and the tokenizer's files.
 
     python -m scripts.export out_dir=out/mini                          # best.pt (else ckpt.pt) -> out/mini/hf
     python -m scripts.export out_dir=out/mini checkpoint=latest hf_dir=/tmp/mini-hf
 
-The folder loads with `transformers.GPT2LMHeadModel.from_pretrained(hf_dir)`; attnlab/hf.py holds the conversion.
+The folder loads with `transformers.GPT2LMHeadModel.from_pretrained(hf_dir)` and `AutoTokenizer.from_pretrained(hf_dir)`,
+so `pipeline("text-generation", hf_dir)` generates from it alone; attnlab/hf.py holds the conversion.
 """
 import os
 
@@ -13,16 +14,18 @@ from omegaconf import OmegaConf
 from attnlab.checkpoint import load_model
 from attnlab.config import CONFIG_DIR, ExportConfig, one_line_errors, register_configs, run_cli
 from attnlab.hf import to_hf
+from data.tokenizers import load_tokenizer
 
 register_configs()
 
 
 def export(cfg: ExportConfig):
     """Write cfg.out_dir's checkpoint as a Hugging Face folder; returns the folder."""
-    model, _ = load_model(cfg.out_dir, cfg.checkpoint, "cpu")
+    model, meta = load_model(cfg.out_dir, cfg.checkpoint, "cpu")
     hf_dir = cfg.hf_dir or os.path.join(cfg.out_dir, "hf")
-    to_hf(model, hf_dir)
-    print(f"wrote {hf_dir} from {cfg.out_dir}; load it with transformers.GPT2LMHeadModel.from_pretrained({hf_dir!r})")
+    to_hf(model, hf_dir, load_tokenizer(meta))
+    print(f"wrote {hf_dir} from {cfg.out_dir}: the model and its tokenizer; generate with "
+          f"transformers.pipeline('text-generation', {hf_dir!r})")
     return hf_dir
 
 

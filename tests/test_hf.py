@@ -10,12 +10,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from scripts.export import export  # noqa: E402
-from attnlab.checkpoint import load_checkpoint, load_model  # noqa: E402
+from attnlab.checkpoint import build_model, load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from attnlab.config import ExportConfig, ModelConfig, SampleConfig  # noqa: E402
 from conftest import SHARED_DATA, run_script, tiny_config  # noqa: E402
-from data.tokenizers import GPT2_EOT  # noqa: E402
+from data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 from attnlab.decode import generate  # noqa: E402
-from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, to_hf  # noqa: E402
+from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, hf_tokenizer, to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import sample  # noqa: E402
 from train import train  # noqa: E402
@@ -165,3 +165,51 @@ def test_train_and_sample_start_from_a_local_gpt2(tmp_path):
     texts = sample(SampleConfig(init_from=str(hf_dir), bpe_file=str(bpe), prompt="the fox", max_new_tokens=5,
                                 temperature=0, device="cpu"), out=io.StringIO())
     assert texts[0].startswith("the fox") and len(texts[0]) > len("the fox")
+
+
+TEXTS = ["hello world", "Hello, I'm a language model,\n\n  spaced   out\tand tabbed", "naïve café — 日本語 🙂",
+         "don't stop: 1234567 it's 3.14!", ""]
+
+
+def exported_tokenizer(tokenizer, tmp_path):
+    hf_tokenizer(tokenizer, transformers).save_pretrained(tmp_path / "tok")
+    return transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+
+
+@pytest.mark.parametrize("kind", ["char", "tiny gpt2", "gpt2", "bpe"])
+def test_the_exported_tokenizer_encodes_and_decodes_as_ours(kind, tmp_path, tiny_bpe):
+    corpus = "".join(TEXTS) * 20
+    if kind == "char":
+        ours, texts = CharTokenizer(sorted(set(corpus))), TEXTS
+    elif kind == "tiny gpt2":
+        ours, texts = GPT2Tokenizer(tiny_bpe), TEXTS
+    elif kind == "gpt2":
+        if not (SHARED_DATA / "gpt2.tiktoken").exists():
+            pytest.skip("needs ../shared/data/gpt2.tiktoken")
+        ours, texts = GPT2Tokenizer(SHARED_DATA / "gpt2.tiktoken"), TEXTS
+    else:
+        ours, texts = BPETokenizer.train([corpus] * 5, 300), TEXTS
+    theirs = exported_tokenizer(ours, tmp_path)
+    for text in texts:
+        ids = ours.encode(text)
+        assert theirs(text)["input_ids"] == ids, text
+        assert theirs.decode(ids) == text
+    if kind != "char":
+        assert theirs.eos_token_id == ours.eot_token
+
+
+def test_a_pipeline_generates_from_the_exported_folder_alone_as_sample_py_does(tmp_path):
+    cfg = tiny_config(tmp_path, batch_size=4, max_iters=2, eval_interval=2, eval_iters=1)
+    cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, **GPT2_ARCH)
+    train(cfg)
+    for name in ("best.pt", "ckpt.pt"):  # weights far from the init, so that greedy decoding varies
+        ckpt = load_checkpoint(tmp_path / "out" / name)
+        model = build_model(ckpt["model_config"])
+        model.load_state_dict(ckpt["model"])
+        save_checkpoint(tmp_path / "out" / name, {**ckpt, "model": scramble(model).state_dict()})
+    hf_dir = export(ExportConfig(out_dir=cfg.out_dir))
+    pipe = transformers.pipeline("text-generation", model=hf_dir)  # the folder alone: model and tokenizer
+    theirs = pipe("def f1", max_new_tokens=20, do_sample=False)[0]["generated_text"]
+    ours = sample(SampleConfig(out_dir=cfg.out_dir, prompt="def f1", max_new_tokens=20, temperature=0, device="cpu",
+                               dtype="float32"), out=io.StringIO())
+    assert theirs == ours[0] and len(set(theirs[6:])) > 1
