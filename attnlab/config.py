@@ -28,6 +28,7 @@ MODEL_TYPES = ("gpt", "lstm", "gru")
 CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2", "bpe")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+FINE_TUNE_MAX_LR = 3e-4  # the largest learning rate train.init_from accepts (nanoGPT fine-tunes GPT-2 at 3e-5)
 
 
 @dataclass
@@ -122,6 +123,12 @@ class TrainConfig(RuntimeConfig):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"train.{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
+        # published weights take small steps: the from-scratch defaults (Muon, 2e-3) erase what they learnt
+        if self.init_from and (self.optimizer == "muon" or self.learning_rate > FINE_TUNE_MAX_LR):
+            raise ValueError(f"train.init_from={self.init_from} with train.optimizer={self.optimizer} at train."
+                             f"learning_rate={self.learning_rate:g} would erase the published weights' learning; add "
+                             f"experiment=finetune_gpt2 (AdamW at a constant 3e-5), or set train.optimizer=adamw and "
+                             f"train.learning_rate <= {FINE_TUNE_MAX_LR:g}")
 
 
 @dataclass

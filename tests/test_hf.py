@@ -151,7 +151,7 @@ def test_train_and_sample_start_from_a_local_gpt2(tmp_path):
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32,
                                                          vocab_size=GPT2_EOT + 1)).save_pretrained(hf_dir)
     cfg = tiny_config(tmp_path, init_from=str(hf_dir), batch_size=2, max_iters=2, eval_interval=2, eval_iters=1,
-                      learning_rate=1e-12, min_lr=0.0, weight_decay=0.0)
+                      optimizer="adamw", learning_rate=1e-12, min_lr=0.0, weight_decay=0.0)
     cfg.model = ModelConfig(block_size=16)
     cfg.data.tokenizer, cfg.data.bpe_file = "gpt2", str(bpe)
     train(cfg)
