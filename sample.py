@@ -15,10 +15,10 @@ from omegaconf import OmegaConf
 
 from attnlab.checkpoint import load_model
 from attnlab.config import CONFIG_DIR, SampleConfig, one_line_errors, register_configs, run_cli
-from data.tokenizers import GPT2Tokenizer, load_tokenizer
 from attnlab.decode import generate_stream
 from attnlab.hf import from_hf
 from attnlab.runtime import autocast, autocast_dtype, pick_device
+from data.tokenizers import GPT2Tokenizer, load_tokenizer
 
 register_configs()
 

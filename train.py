@@ -28,16 +28,24 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from attnlab.config import (CONFIG_DIR, Config, ModelConfig, flat, one_line_errors, register_configs, resume_config,
-                            run_cli)
-from data.corpus import load_meta, load_split, prepare
-from data.tokenizers import load_tokenizer
+from attnlab.config import (
+    CONFIG_DIR,
+    Config,
+    ModelConfig,
+    flat,
+    one_line_errors,
+    register_configs,
+    resume_config,
+    run_cli,
+)
 from attnlab.distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
+from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
 from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
 from attnlab.scoring import Tally, byte_counts, full_score
-from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
+from data.corpus import load_meta, load_split, prepare
+from data.tokenizers import load_tokenizer
 
 register_configs()
 

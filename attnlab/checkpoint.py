@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from attnlab.config import ModelConfig
-from model import GPT
 from attnlab.rnn import RNN
+from model import GPT
 
 FORMAT = 1  # the layout above; files from before the number existed (format 0) hold the same keys
 

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from model import GPT
 from attnlab.runtime import pick_device
+from model import GPT
 
 # FSDP and torch.distributed.checkpoint are imported by the functions that shard (they take a second of start-up,
 # which a single process never needs)

@@ -1,7 +1,8 @@
 """The bridge to Hugging Face GPT-2, both ways: `to_hf` writes our GPT as a GPT-2 folder, `from_hf("gpt2")` or
-`from_hf(local_dir)` gives our GPT with GPT-2's weights (train.init_from and sample.py's init_from use it; scripts/export.py
-is its command line). Only models built the GPT-2 way convert (GPT2_ARCH; configs/model/gpt2.yaml). transformers is
-an optional dependency, imported only by the functions that need it.
+`from_hf(local_dir)` gives our GPT with GPT-2's weights (train.init_from and sample.py's init_from use it;
+scripts/export.py is its command line), and `hf_tokenizer` our tokenizers as transformers' own. Only models built the
+GPT-2 way convert (GPT2_ARCH; configs/model/gpt2.yaml). transformers is an optional dependency, imported only by the
+functions that need it.
 """
 import os
 from dataclasses import asdict, replace

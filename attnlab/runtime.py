@@ -1,7 +1,7 @@
 """Where the arithmetic runs: device choice, autocast dtype, GPU peaks for MFU, timing, peak memory, the machine's name.
 
-Shared by train.py, sample.py, scripts/bench.py and scripts/report, so each picks devices and times work the same way. What only
-CUDA has (TF32, pinned memory, NCCL) is decided here, in small functions the CPU tests reach too.
+Shared by train.py, sample.py, scripts/bench.py and scripts/report, so each picks devices and times work the same
+way. What only CUDA has (TF32, pinned memory, NCCL) is decided here, in small functions the CPU tests reach too.
 """
 import os
 import platform

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import model as model_module
 from attnlab.config import compose
 from attnlab.decode import generate_stream
 from attnlab.optim import make_optimizer, train_step
@@ -359,9 +361,6 @@ def vocab_step(loss, batch_size, steps, seed=0):
     """In this process: `steps` AdamW training steps of a VOCAB_SHAPE GPT with GPT-2's vocabulary, the loss chunked
     (as train.py computes it) or plain (every logit held at once); returns tokens/s, peak resident MiB and the user
     and system CPU seconds per step, from getrusage."""
-    import resource  # Unix only, as the bench's other process measurements
-
-    import model as model_module
     if loss == "plain":
         model_module.CHUNKED_LOSS_VOCAB = 10 ** 9
     torch.manual_seed(seed)

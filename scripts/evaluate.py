@@ -7,8 +7,8 @@
 
 Every token after the first is scored once, in consecutive windows of the model's block_size (attnlab/scoring.py), as in
 training; an RNN starts each window from a zero state, as it was trained. Bits per byte divide the loss of the tokens
-that cover text by the UTF-8 bytes they cover (attnlab/scoring.py), so char-level and BPE models compare. A char model refuses
-a text holding characters outside its vocabulary, naming them, rather than guess at them.
+that cover text by the UTF-8 bytes they cover (attnlab/scoring.py), so char-level and BPE models compare. A char model
+refuses a text holding characters outside its vocabulary, naming them, rather than guess at them.
 """
 import json
 import math
@@ -22,10 +22,10 @@ from tqdm import tqdm
 
 from attnlab.checkpoint import load_model
 from attnlab.config import CONFIG_DIR, DataConfig, EvalConfig, one_line_errors, register_configs, run_cli
-from data.corpus import decode_utf8, load_meta, load_split, prepare
-from data.tokenizers import load_tokenizer
 from attnlab.runtime import autocast, autocast_dtype, pick_device
 from attnlab.scoring import byte_counts, score_stream
+from data.corpus import decode_utf8, load_meta, load_split, prepare
+from data.tokenizers import load_tokenizer
 
 register_configs()
 

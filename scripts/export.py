@@ -3,8 +3,9 @@
     python -m scripts.export out_dir=out/mini                          # best.pt (else ckpt.pt) -> out/mini/hf
     python -m scripts.export out_dir=out/mini checkpoint=latest hf_dir=/tmp/mini-hf
 
-The folder loads with `transformers.GPT2LMHeadModel.from_pretrained(hf_dir)` and `AutoTokenizer.from_pretrained(hf_dir)`,
-so `pipeline("text-generation", hf_dir)` generates from it alone; attnlab/hf.py holds the conversion.
+The folder loads with `transformers.GPT2LMHeadModel.from_pretrained(hf_dir)` and
+`AutoTokenizer.from_pretrained(hf_dir)`, so `pipeline("text-generation", hf_dir)` generates from it alone;
+attnlab/hf.py holds the conversion.
 """
 import os
 

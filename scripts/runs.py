@@ -2,8 +2,8 @@
 bits per byte (when the evals have it), tokens/s and wall time, best val loss first; and one PNG that overlays their
 validation curves. Runs that crashed or are still running show as such.
 
-    python -m scripts.runs out/sweep                      # a sweep's out_dir: its job folders 0/, 1/, ... are the runs
-    python -m scripts.runs out/a out/b --png ab.png       # any run folders (default PNG: runs.png in the folder they share)
+    python -m scripts.runs out/sweep                 # a sweep's out_dir: its job folders 0/, 1/, ... are the runs
+    python -m scripts.runs out/a out/b --png ab.png  # any run folders (default PNG: runs.png in the folder they share)
 
 A sweep (python train.py -m ...) prints the same table when it ends and writes runs.png into its out_dir.
 Status: finished, running, stopped (a signal), failed (an error), killed (its process is gone), no metrics.

@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from attnlab.runtime import hardware_name, pick_device
 from scripts.report import RESULTS, SCRATCH, Context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_lm, exp_positions, exp_window
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.recall import exp_induction, exp_recall
 from scripts.report.text import exp_text
-from attnlab.runtime import hardware_name, pick_device
 
 # in this order, which is also the tables': positions, window, text and paths read the lm experiment's runs
 EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, induction=exp_induction, lm=exp_lm, positions=exp_positions,

@@ -10,10 +10,9 @@ from tqdm import tqdm
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
-from model import CausalSelfAttention, GPTConfig, KVCache
-from attnlab.runtime import alternate, peak_bytes
 from attnlab.optim import train_step
-
+from attnlab.runtime import alternate, peak_bytes
+from model import CausalSelfAttention, GPTConfig, KVCache
 from scripts.report.tasks import lstm_preset, rnn_width, synthetic_models
 
 VOCAB = 96  # the stdlib corpus's characters
@@ -102,7 +101,8 @@ def exp_throughput(ctx):
     # l's step t waits for its own step t - 1 and layer l - 1's step t: a wavefront)
     f = max(flops[name](T) * tokens / (n or 1) for (name, n, B, T), tokens in measured.items())
     span = {"gpt": lambda T: 2 * configs["gpt"].n_layer, "lstm": lambda T: 2 * (T + configs["lstm"].n_layer - 1)}
-    estimate = lambda name, B, T: B * T / (B * T * flops[name](T) / (PROCESSORS * f) + span[name](T) * tau)
+    def estimate(name, B, T):
+        return B * T / (B * T * flops[name](T) / (PROCESSORS * f) + span[name](T) * tau)
 
     fig, axes = plt.subplots(1, len(batches) + 1, figsize=(3.6 * (len(batches) + 1), 3.8))
     for ax in axes[1:-1]:
@@ -132,22 +132,27 @@ def exp_throughput(ctx):
              f"P={PROCESSORS}, f={f / 1e9:.1f} GFLOP/s (best per thread here), τ={tau * 1e6:.0f} µs (one LSTM cell)")
 
     short, long = lengths[0], lengths[-1]
-    kilo = lambda v: f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}K"
+    def kilo(v):
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}K"
     ctx.row("throughput", f"training FLOPs per token, T={short} / T={long}",
             f"{kilo(flops['gpt'](short))} / {kilo(flops['gpt'](long))}",
             f"{kilo(flops['lstm'](short))} / {kilo(flops['lstm'](long))}",
             "at equal parameters (6N within 1%) the GPT does more at every T measured, by 12·L·C·T for attention; "
             "attention's n < d advantage over recurrence (Vaswani et al., Table 1) holds per layer only")
-    per = lambda name, B, T: " / ".join(f"{measured[name, n, B, T]:,.0f}" for n in threads)
-    ratio = lambda B, T: " / ".join(f"{measured['lstm', n, B, T] / measured['gpt', n, B, T]:.2f}" for n in threads)
+    def per(name, B, T):
+        return " / ".join(f"{measured[name, n, B, T]:,.0f}" for n in threads)
+    def ratio(B, T):
+        return " / ".join(f"{measured['lstm', n, B, T] / measured['gpt', n, B, T]:.2f}" for n in threads)
     names = " / ".join(threads_label(n) for n in threads)
     for B, T in ((batches[0], short), (batches[0], long), (batches[-1], short), (batches[-1], long)):
         ctx.row("throughput", f"training tokens/s, batch {B}, T={T}, {names}", per("gpt", B, T), per("lstm", B, T),
                 f"LSTM/GPT = {ratio(B, T)}")
     if len(threads) > 1:
         corners = ((batches[0], short), (batches[-1], long))
-        gain = lambda name, B, T: measured[name, threads[-1], B, T] / measured[name, threads[0], B, T]
-        speed_up = lambda name: " / ".join(f"{gain(name, B, T):.2f}x" for B, T in corners)
+        def gain(name, B, T):
+            return measured[name, threads[-1], B, T] / measured[name, threads[0], B, T]
+        def speed_up(name):
+            return " / ".join(f"{gain(name, B, T):.2f}x" for B, T in corners)
         ctx.row("throughput", f"speed-up on {threads[-1]} threads over {threads[0]}, batch {corners[0][0]} "
                 f"T={short} / batch {corners[1][0]} T={long}", speed_up("gpt"), speed_up("lstm"),
                 f"parallel efficiency = speed-up / {threads[-1] // threads[0]}")
@@ -218,7 +223,8 @@ def exp_long(ctx):
 
     T = lengths[-1]
     attention = ("manual", "sdpa", "window")
-    entry = lambda values, name, fmt: fmt(values[name][T]) if T in values[name] else "skipped"
+    def entry(values, name, fmt):
+        return fmt(values[name][T]) if T in values[name] else "skipped"
     notes = [f"{name} skipped from T={at} (predicted {why}); at T={max(seconds[name])}: "
              f"{seconds[name][max(seconds[name])] * 1e3:,.0f} ms, {memory[name][max(memory[name])] / 2**20:,.0f} MiB"
              for name, (at, why) in skipped.items() if seconds[name]]
@@ -280,8 +286,10 @@ def exp_generation(ctx):
     ctx.save(fig, "generation.png", f"GPT {n_gpt:,} (also with a {WINDOW}-token window) vs LSTM {n_lstm:,} "
              f"parameters, batch 1, float32; median of {new_tokens} decoded tokens after each context, alternating;\n"
              f"KV bytes = 2·n_layer·n_kv_head·head_size·min(T, window)·4, checked")
-    both = lambda values, i, fmt: f"{fmt(values['gpt'][i])}; window {WINDOW}: {fmt(values['window'][i])}"
-    ms = lambda v: f"{1e3 * v:.2f}"
+    def both(values, i, fmt):
+        return f"{fmt(values['gpt'][i])}; window {WINDOW}: {fmt(values['window'][i])}"
+    def ms(v):
+        return f"{1e3 * v:.2f}"
     for i in (0, len(contexts) - 1):
         ctx.row("generation", f"ms per generated token after {contexts[i]} tokens", both(latency, i, ms),
                 ms(latency["lstm"][i]))

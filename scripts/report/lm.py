@@ -28,9 +28,8 @@ from tqdm import tqdm
 
 from attnlab.checkpoint import build_model, load_checkpoint
 from attnlab.config import compose
-from data.corpus import load_meta, load_split, prepare
 from attnlab.record import read_metrics
-
+from data.corpus import load_meta, load_split, prepare
 from scripts.report import RUNS
 from scripts.report.tasks import rnn_width, seed_grid
 
@@ -82,14 +81,16 @@ def lm_rows(ctx, summary, curves):
             f"{lr_note(gpt, 'gpt')}; {lr_note(lstm, 'lstm')}; {seeds_note(summary)}; "
             f"{improving_note(summary)}")
     common = min(r["curve"][-1][0] for name in ("gpt", "lstm") for r in summary[name]["runs"])
-    at_common = lambda runs: spread([np.interp(common, *zip(*r["curve"])) for r in runs])
+    def at_common(runs):
+        return spread([np.interp(common, *zip(*r["curve"])) for r in runs])
     ctx.row("lm", f"val loss at equal wall time ({common:.0f} s)", at_common(gpt["runs"]), at_common(lstm["runs"]),
             "train.py's val estimates interpolated at the shorter run's end; the longer run is read mid-schedule")
     ctx.row("lm", "wall seconds to the step cap (training and train.py's evaluations)",
             spread([r["seconds"] for r in gpt["runs"]], 0), spread([r["seconds"] for r in lstm["runs"]], 0),
             f"{ctx.hardware}, one run at a time")
     groups = [(end - 7, end) for end in sorted({8, 64, 128, T}) if end <= T]
-    at = lambda c: " / ".join(spread(c[:, a - 1:b].mean(1).tolist(), 2) for a, b in groups)  # c: (seeds, T)
+    def at(c):
+        return " / ".join(spread(c[:, a - 1:b].mean(1).tolist(), 2) for a, b in groups)  # c: (seeds, T)
     ctx.row("lm", "test loss at positions " + " / ".join(f"{a}-{b}" for a, b in groups), at(curves["gpt"]),
             at(curves["lstm"]), f"{seeds_note(summary)}; the test half in windows of {T}, the same for both "
             f"models, so what the text at a position costs is shared")
@@ -128,7 +129,8 @@ def tune(ctx, summary, name):
     it with the remaining seeds. Returns the lr, whether it lies at an end of the grid, the grid and the chosen runs."""
     budget = BUDGET[ctx.preset]
     lrs, setting = budget["lrs"][name], f"context={summary['block_size']}"
-    mean_select = lambda runs: float(np.mean([run["select"] for run in runs]))
+    def mean_select(runs):
+        return float(np.mean([run["select"] for run in runs]))
     best, grid, runs = seed_grid(lambda lr, seed: fit(ctx, summary, "lm", name, setting, [], lr, seed), lrs,
                                  list(range(budget["seeds"])), budget["grid_seeds"], lambda runs: -mean_select(runs))
     grid_seeds = range(budget["grid_seeds"])
@@ -322,8 +324,9 @@ def exp_positions(ctx):
         runs[pos] = [fit(ctx, summary, "positions", "gpt", f"pos={pos}", [f"model.pos={pos}"], gpt["lr"], r["seed"])
                      for r in gpt["runs"]]
     test_half, windows = halves(summary["data_dir"])[1], BUDGET[ctx.preset]["test_windows"]
-    long = lambda r: position_losses(final_model(r["out"], 2 * T, ctx.device), test_half, 2 * T,
-                                     windows and windows // 2)  # the same tokens in half as many windows
+    def long(r):
+        return position_losses(final_model(r["out"], 2 * T, ctx.device), test_half, 2 * T,
+                                         windows and windows // 2)  # the same tokens in half as many windows
     at_2T = {pos: torch.stack([long(r) for r in runs[pos]]) for pos in SCHEMES if pos != "learned"}
     lstm_2T = torch.stack([long(r) for r in summary["lstm"]["runs"]])
     tested = [pos for pos in SCHEMES if pos in at_2T]
@@ -373,7 +376,8 @@ def exp_window(ctx):
     sizes = [w for w in BUDGET[ctx.preset]["windows"] if w < T]
     runs = {0: gpt["runs"]} | {w: [fit(ctx, summary, "window", "gpt", f"window={w}", [f"model.window={w}"],
                                        gpt["lr"], r["seed"]) for r in gpt["runs"]] for w in sizes}
-    label = lambda w: f"window {w}" if w else "full"
+    def label(w):
+        return f"window {w}" if w else "full"
     tests = {w: [r["test"] for r in rs] for w, rs in runs.items()}
     ctx.row("window", f"test loss at context {T}: " + " / ".join(map(label, runs)),
             " / ".join(spread(v) for v in tests.values()), spread([r["test"] for r in summary["lstm"]["runs"]]),
@@ -427,5 +431,6 @@ def best_run(name):
     """The run folder of the last lm experiment's model "gpt" or "lstm" at its chosen lr, seed 0."""
     summary = lm_summary()
     if not summary:
-        raise FileNotFoundError("no lm experiment has run yet; train its models with: python -m scripts.report --only lm")
+        raise FileNotFoundError("no lm experiment has run yet; train its models with: "
+                                "python -m scripts.report --only lm")
     return Path(summary[name]["runs"][0]["out"])

@@ -10,7 +10,6 @@ from attnlab.checkpoint import load_model
 from attnlab.config import ModelConfig
 from data.corpus import load_split
 from model import GPT, manual_attention
-
 from scripts.report.lm import best_run, lm_detail, lm_results
 from scripts.report.tasks import lstm_preset
 
@@ -23,7 +22,8 @@ def exp_scaling(ctx):
     for d in sizes:
         q, k = torch.randn(2000, d, generator=gen), torch.randn(2000, 64, d, generator=gen)  # 64 keys per query
         scores = (k @ q[:, :, None])[..., 0]  # (2000, 64)
-        entropy = lambda s: -(s.softmax(-1) * s.log_softmax(-1)).sum(-1).mean().item() / math.log(64)
+        def entropy(s):
+            return -(s.softmax(-1) * s.log_softmax(-1)).sum(-1).mean().item() / math.log(64)
         var_raw.append(scores.var().item())
         var_scaled.append((scores / math.sqrt(d)).var().item())
         ent_raw.append(entropy(scores))
@@ -74,7 +74,8 @@ def worked_example(ctx):
     scaled, grad_scaled = example_weights(SCORES, d_k)
     causal, _ = example_weights(SCORES, d_k, causal_row=WORDS.index("bank"))
     raw, grad_raw = example_weights([s * math.sqrt(d_k) for s in SCORES], d_k)
-    show = lambda w: " / ".join(f"{x:.3f}" for x in w.tolist())
+    def show(w):
+        return " / ".join(f"{x:.3f}" for x in w.tolist())
     lines = [f"| {WORDS[1]!r} attends to | " + " | ".join(WORDS) + " |", "|---" * (len(WORDS) + 1) + "|",
              "| scaled scores q·k/√d_k | " + " | ".join(f"{s:.1f}" for s in SCORES) + " |",
              "| softmax, all four words visible | " + " | ".join(f"{w:.3f}" for w in scaled.tolist()) + " |",

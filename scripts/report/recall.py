@@ -1,14 +1,13 @@
 """Recall and induction: can the model look a value up, or copy a repeat, from anywhere in its context? Both models
-go through the same grid (scripts/report/tasks.py's tune): equal step cap, batch and schedule, an lr grid per model chosen on
-a selection set, two seeds at the chosen lr, and accuracy read on a separate test set."""
+go through the same grid (scripts/report/tasks.py's tune): equal step cap, batch and schedule, an lr grid per model
+chosen on a selection set, two seeds at the chosen lr, and accuracy read on a separate test set."""
 import textwrap
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
 import torch
 
-from scripts.report.tasks import (induction_batch, mixed_recall_batch, recall_batch, state_bytes, synthetic_models,
-                          tune)
+from scripts.report.tasks import induction_batch, mixed_recall_batch, recall_batch, state_bytes, synthetic_models, tune
 
 PAIRS = (4, 8, 16, 32, 64)  # recall is trained on 4..64 pairs at once and tested at each of these
 SHOWN = (4, 16, 64)  # the pairs the results table reports; the last two also for the narrowest width at 90%
@@ -74,9 +73,11 @@ def exp_recall(ctx):
     configs = synthetic_models(2 * N_KEYS + 1, 3 * max(PAIRS))
     select = {n: recall_batch(b["selection"], n, N_KEYS, generator=seeded(100 + n)) for n in PAIRS}
     test = {n: recall_batch(b["test"], n, N_KEYS, generator=seeded(200 + n)) for n in PAIRS}
-    make = lambda it, g: mixed_recall_batch(b["batch"], min(PAIRS), max(PAIRS), N_KEYS, generator=g)
-    fit = lambda name, cfg, lrs, grid_seeds: tune(ctx, "recall", name, cfg, make, lrs, SEEDS, b["recall_steps"],
-                                                  select, test, f"width {cfg.n_embd}", grid_seeds, **TRAIN)
+    def make(it, g):
+        return mixed_recall_batch(b["batch"], min(PAIRS), max(PAIRS), N_KEYS, generator=g)
+    def fit(name, cfg, lrs, grid_seeds):
+        return tune(ctx, "recall", name, cfg, make, lrs, SEEDS, b["recall_steps"],
+                                                      select, test, f"width {cfg.n_embd}", grid_seeds, **TRAIN)
     tuned, sizes = {}, {}  # sizes[name, width]: (config, Tuned)
     for name, cfg in configs.items():
         tuned[name] = fit(name, cfg, b["lrs"][name], b["grid_seeds"])
@@ -84,7 +85,8 @@ def exp_recall(ctx):
         for width in b["widths"][name]:
             wider = replace(cfg, n_embd=width)
             sizes[name, width] = wider, fit(name, wider, [tuned[name].lr], len(SEEDS))
-    scores = lambda t, n: [run.test[n] for run in t.runs.values()]
+    def scores(t, n):
+        return [run.test[n] for run in t.runs.values()]
     n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     detail = (f"2-layer GPT (width {configs['gpt'].n_embd}, {n_params['gpt']:,} params) vs 2-layer LSTM "
               f"(width {configs['lstm'].n_embd}, {n_params['lstm']:,}); {N_KEYS} keys, each batch {min(PAIRS)}-"
@@ -93,7 +95,8 @@ def exp_recall(ctx):
     others = ", ".join(f"{name} {'/'.join(map(str, b['widths'][name]))}" for name in configs)
     state_figure(ctx, sizes, scores, f"{detail}; other widths at the chosen lr, every seed: {others}")
     attention_figure(ctx, tuned["gpt"].runs[0].model, *recall_batch(1, 8, N_KEYS, generator=seeded(7)), 8)
-    every_run = lambda name: [run for (model, _), (_, t) in sizes.items() if model == name for run in t.runs.values()]
+    def every_run(name):
+        return [run for (model, _), (_, t) in sizes.items() if model == name for run in t.runs.values()]
     seconds = {name: sum(t.seconds for (model, _), (_, t) in sizes.items() if model == name) for name in configs}
     ctx.row("recall", f"MQAR accuracy % at {' / '.join(map(str, SHOWN))} pairs (test; min-max over {len(SEEDS)} seeds)",
             *(" / ".join(spread(scores(tuned[name], n)) for n in SHOWN) for name in configs),
@@ -148,7 +151,8 @@ def state_figure(ctx, sizes, scores, detail):
             ax.errorbar([x for x, _ in points], mean, yerr=bars, fmt=style, color=f"C{i}", capsize=2,
                         label=f"{n} pairs" if name == "gpt" else None)
         ax.axhline(100 / n, color=f"C{i}", lw=0.6, ls=":")
-    widths = lambda name: "/".join(str(w) for model, w in sorted(sizes) if model == name)
+    def widths(name):
+        return "/".join(str(w) for model, w in sorted(sizes) if model == name)
     ax.plot([], [], "ko-", label=f"GPT, widths {widths('gpt')}")
     ax.plot([], [], "ks--", label=f"LSTM, widths {widths('lstm')}")
     ax.set_xscale("log")
@@ -185,7 +189,8 @@ def exp_induction(ctx):
     configs = synthetic_models(33, 64)
     select = {"second copy": induction_batch(b["selection"], generator=seeded(300))[:2]}
     test = {"second copy": induction_batch(b["test"], generator=seeded(400))[:2]}
-    make = lambda it, g: induction_batch(b["batch"], generator=g)[:2]
+    def make(it, g):
+        return induction_batch(b["batch"], generator=g)[:2]
     tuned = {name: tune(ctx, "induction", name, cfg, make, b["lrs"][name], SEEDS, b["induction_steps"], select, test,
                         f"width {cfg.n_embd}", b["grid_seeds"], **TRAIN) for name, cfg in configs.items()}
     x, _, lengths = induction_batch(256, generator=seeded(500))

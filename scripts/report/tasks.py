@@ -23,7 +23,8 @@ def lstm_preset(vocab_size):
 def rnn_width(target, vocab_size, n_layer=2, gates=4, tied=False):
     """The LSTM (gates=4) or GRU (3) width whose parameter count is closest to target; each layer has
     gates x (W_ih, W_hh, b_ih, b_hh)."""
-    count = lambda h: vocab_size * h * (1 if tied else 2) + n_layer * gates * (2 * h * h + 2 * h)
+    def count(h):
+        return vocab_size * h * (1 if tied else 2) + n_layer * gates * (2 * h * h + 2 * h)
     return min(range(4, 2048), key=lambda h: abs(count(h) - target))
 
 
@@ -55,7 +56,8 @@ def recall_batch(batch_size, n_pairs, n_keys=64, seq_len=None, generator=None):
     seq_len = seq_len or 3 * n_pairs
     if not 0 < n_pairs <= n_keys or 3 * n_pairs > seq_len:
         raise ValueError(f"{n_pairs} pairs need n_keys >= {n_pairs} and seq_len >= {3 * n_pairs}")
-    draw = lambda: torch.rand(batch_size, n_keys, generator=generator).argsort(1)[:, :n_pairs] + 1  # distinct
+    def draw():
+        return torch.rand(batch_size, n_keys, generator=generator).argsort(1)[:, :n_pairs] + 1  # distinct
     keys, values = draw(), draw() + n_keys
     x = torch.zeros(batch_size, seq_len, dtype=torch.long)
     x[:, 0:2 * n_pairs:2], x[:, 1:2 * n_pairs:2] = keys, values

@@ -34,10 +34,9 @@ from tqdm import tqdm
 
 from attnlab.checkpoint import load_model
 from attnlab.config import DataConfig
+from attnlab.record import read_metrics
 from data.corpus import load_split, prepare
 from data.tokenizers import load_tokenizer
-from attnlab.record import read_metrics
-
 from scripts.report.lm import best_run, lm_results
 
 BUDGET = {"quick": dict(windows=1000), "full": dict(windows=3000)}  # windows read, at most: the stdlib val split
@@ -229,8 +228,8 @@ def exp_text(ctx, run=None):
            f"{evals[-1]['iter']} iters, best val loss {min(r['val_loss'] for r in evals):.3f}; {len(windows)} windows "
            f"of {T} chars of the stdlib val split: the first {half} pick each kind's best head, the rest give every "
            f"number shown (no training, so no seeds)\ncases: a closing bracket -> its opener; a name's first use after "
-           f"its definition (its second-to-last char) -> the definition's last char (scripts/report/text.py); baseline: the "
-           f"same head's mean weight at the same distance from the window's other queries")
+           f"its definition (its second-to-last char) -> the definition's last char (scripts/report/text.py); "
+           f"baseline: the same head's mean weight at the same distance from the window's other queries")
 
 
 def add_row(ctx, kind, result):
@@ -255,9 +254,9 @@ def figure(ctx, model, windows, results, decode, detail):
         test, (layer, head) = result["test"], result["head"]
         weight, baseline = test["target"].mean(0), test["distance"].mean(0)  # (L, H)
         top.imshow(weight.numpy(), cmap="Blues", vmin=0, vmax=max(float(weight.max()), 0.1))  # near 0 stays pale
-        for (l, h), w in np.ndenumerate(weight.numpy()):
-            top.text(h, l, f"{w:.2f}\n({baseline[l, h]:.2f})", ha="center", va="center", fontsize=7,
-                     color="red" if (l, h) == (layer, head) else "black")
+        for (row, h), w in np.ndenumerate(weight.numpy()):  # row: the layer
+            top.text(h, row, f"{w:.2f}\n({baseline[row, h]:.2f})", ha="center", va="center", fontsize=7,
+                     color="red" if (row, h) == (layer, head) else "black")
         top.set_title(f"{kind}s: weight on {KINDS[kind]}, {len(result['cases'])} test cases\ncell: mean "
                       f"(same-distance baseline); uniform 1/keys {test['uniform'].mean():.3f}\nred: the best head, "
                       f"picked on the other windows", fontsize=8)
