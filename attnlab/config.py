@@ -206,6 +206,28 @@ class ExportConfig:
         require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
 
 
+@dataclass
+class HellaSwagConfig(RuntimeConfig):
+    out_dir: str = "out"  # the training run to score (any tokenizer); unused with init_from
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
+    init_from: str | None = None  # score published GPT-2 instead of a run: gpt2 | ... | a save_pretrained dir
+    bpe_file: str | None = None  # with init_from: a local gpt2.tiktoken file, for the tokenizer offline
+    # the official hellaswag_val.jsonl; None: data/hellaswag/hellaswag_val.jsonl, downloaded there the first time
+    data_path: str | None = None
+    limit: int | None = None  # score only the first N examples; None: all 10,042
+    batch_size: int = 4  # examples scored at once (4 candidates each); the result is the same up to rounding
+    json: bool = False  # print one JSON object, for scripts, instead of the readable block
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.batch_size >= 1, f"batch_size={self.batch_size} must be >= 1")
+        require(self.limit is None or self.limit >= 1, f"limit={self.limit} must be >= 1, or null for every example")
+        require(self.bpe_file is None or self.init_from is not None,
+                "bpe_file sets init_from's tokenizer, and a run (out_dir) brings its own; drop bpe_file or add "
+                "init_from=gpt2")
+
+
 # keys a resumed run cannot change: the model's shape and kind, the corpus's tokens, the optimizer's state
 FROZEN_ON_RESUME = ("model.", "data.name", "data.tokenizer", "data.bpe_vocab_size", "data.text_field",
                     "data.val_fraction", "train.optimizer", "train.init_from")
@@ -261,6 +283,7 @@ def register_configs():
     cs.store(name="sample_schema", node=SampleConfig)
     cs.store(name="evaluate_schema", node=EvalConfig)
     cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="hellaswag_schema", node=HellaSwagConfig)
 
 
 def compose(*overrides, config_name="config"):

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from attnlab.config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, LoggerConfig, ModelConfig, SampleConfig,
-                    TrainConfig, compose, register_configs)
+from attnlab.config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, HellaSwagConfig, LoggerConfig,
+                            ModelConfig, SampleConfig, TrainConfig, compose, register_configs)
 from attnlab.hf import GPT2_ARCH, gpt2_config_problems
 from model import GPTConfig
 from attnlab.rnn import RNNConfig
@@ -65,7 +65,7 @@ NUMBERS = {int: INTS, float: FLOATS, int | None: st.none() | INTS, float | None:
 # (schema, fixed arguments): ModelConfig once for each model type
 CASES = [(GPTConfig, {}), (RNNConfig, {"type": "lstm", "tie_weights": False}),
          *[(ModelConfig, {"type": t}) for t in MODEL_TYPES], (TrainConfig, {}), (EvalConfig, {}),
-         (DataConfig, {}), (LoggerConfig, {}), (SampleConfig, {})]
+         (DataConfig, {}), (LoggerConfig, {}), (SampleConfig, {}), (HellaSwagConfig, {})]
 
 
 @pytest.mark.parametrize("schema, fixed", CASES, ids=[s.__name__ + "".join(f"-{v}" for v in f.values())
@@ -84,7 +84,7 @@ def test_any_numbers_construct_or_raise_a_value_error(schema, fixed, data):
         assert str(e) and "\n" not in str(e)
 
 
-@pytest.mark.parametrize("root", ["config", "sample", "evaluate"])
+@pytest.mark.parametrize("root", ["config", "sample", "evaluate", "hellaswag"])
 def test_every_default_names_a_schema_or_an_existing_group(root):
     register_configs()
     schemas = {name.removesuffix(".yaml") for name in ConfigStore.instance().list("")}

@@ -9,6 +9,7 @@ import sample
 import scripts.bench
 import scripts.evaluate
 import scripts.export
+import scripts.hellaswag
 import scripts.report.__main__
 import scripts.runs
 import train
@@ -20,6 +21,7 @@ HYDRA_COMMANDS = {
     "sample.py": (sample.main, "Generate text from a training run's checkpoint"),
     "scripts.evaluate": (scripts.evaluate.main, "Score a run's checkpoint"),
     "scripts.export": (scripts.export.main, "Hugging Face folder"),
+    "scripts.hellaswag": (scripts.hellaswag.main, "on HellaSwag's validation set, llm.c's completion style"),
 }
 ARGPARSE_COMMANDS = {
     "scripts.runs": (scripts.runs.main, "Compare training runs"),
