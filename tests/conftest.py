@@ -1,7 +1,9 @@
 """Shared helpers: tiny overrides, small corpora, a script runner (in a subprocess or in-process), config composition,
 one tiny trained run."""
 import base64
+import contextlib
 import importlib
+import io
 import os
 import random
 import subprocess
@@ -58,7 +60,7 @@ COMMANDS = {"train.py": ("train", None), "sample.py": ("sample", None),
             "-m data.prepare": ("data.prepare", "train.py")}
 
 
-def run_in_process(monkeypatch, capsys, command, *args):
+def run_in_process(command, *args):
     """`python COMMAND ARGS...` without a new process: the command's main() through run_cli, as its `__main__` block
     calls it, with sys.argv set so. Returns (exit status, stdout, stderr)."""
     name, help_script = COMMANDS[command]
@@ -66,20 +68,20 @@ def run_in_process(monkeypatch, capsys, command, *args):
     argv = [command if command.endswith(".py") else module.__file__, *args]
     if command == "sample.py":
         module.quote_prompts(argv)  # sample.py's `__main__` block quotes free-text prompts first
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.setenv("HYDRA_FULL_ERROR", "")  # run_cli sets it: unset during the call, as it was afterwards
-    monkeypatch.delenv("HYDRA_FULL_ERROR")
-    # Hydra finds a relative config_path ("configs", train.py's) beside the file of a `__main__` task function, but
-    # looks for an imported module's in a Python package: this makes it treat main() as the command line's `__main__`
-    monkeypatch.setenv("HYDRA_MAIN_MODULE", "__main__")
-    capsys.readouterr()
-    try:
-        run_cli(module.main, help_script=help_script)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setattr(sys, "argv", argv)
+        patch.setenv("HYDRA_FULL_ERROR", "")  # run_cli sets it: unset during the call, as before it afterwards
+        patch.delenv("HYDRA_FULL_ERROR")
+        # Hydra looks for a relative config_path ("configs", train.py's) beside the file of a `__main__` task function
+        # but in a Python package for an imported module's: this has it take main() for the command line's `__main__`
+        patch.setenv("HYDRA_MAIN_MODULE", "__main__")
+        try:
+            run_cli(module.main, help_script=help_script)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
 
 
 def tiny_config(tmp_path, **train_kw):

@@ -127,10 +127,10 @@ def check(case, root, code, stdout, stderr):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_mistake_ends_in_one_line_naming_the_fix(case, files, monkeypatch, capsys, one_thread):
+def test_a_mistake_ends_in_one_line_naming_the_fix(case, files, one_thread):
     root, data = files
     command, args = arguments(case, root, data)
-    check(case, root, *run_in_process(monkeypatch, capsys, command, *args))
+    check(case, root, *run_in_process(command, *args))
     assert not (root / "marker").exists()
 
 

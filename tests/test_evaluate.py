@@ -135,10 +135,9 @@ def test_a_missing_run_or_a_one_token_text_names_the_fix(tmp_path):
         scored(out_dir=str(run), text=str(tmp_path / "one.txt"))
 
 
-def test_the_cli_prints_the_numbers(tiny_run, monkeypatch, capsys):
+def test_the_cli_prints_the_numbers(tiny_run):
     expected = scored(out_dir=tiny_run)
-    code, out, err = run_in_process(monkeypatch, capsys, "-m scripts.evaluate", f"out_dir={tiny_run}", "device=cpu",
-                                    "dtype=float32")
+    code, out, err = run_in_process("-m scripts.evaluate", f"out_dir={tiny_run}", "device=cpu", "dtype=float32")
     assert code == 0, err
     assert f"{expected['tokens']:,} tokens scored" in out
     for line in (f"loss        {expected['loss']:.4f} nats/token", f"perplexity  {expected['perplexity']:.3f}",

@@ -98,11 +98,11 @@ def test_incompatible_model_names_what_to_change(tmp_path):
     assert gpt2_config_problems(GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=4, attn="manual")) == []
 
 
-def test_cli_exports_a_trained_run(tmp_path, monkeypatch, capsys):
+def test_cli_exports_a_trained_run(tmp_path):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=4, eval_interval=4, eval_iters=1)
     cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, **GPT2_ARCH)
     train(cfg)
-    code, _, err = run_in_process(monkeypatch, capsys, "-m scripts.export", f"out_dir={cfg.out_dir}")
+    code, _, err = run_in_process("-m scripts.export", f"out_dir={cfg.out_dir}")
     assert code == 0, err
     ours, _ = load_model(cfg.out_dir, "best", "cpu")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "hf")

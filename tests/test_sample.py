@@ -63,16 +63,16 @@ def test_bad_prompts_are_named(tiny_run, kw, message):
         generate(tiny_run, **kw)
 
 
-def test_cli_takes_free_text_prompts(tiny_run, monkeypatch, capsys):
+def test_cli_takes_free_text_prompts(tiny_run):
     prompt = "f(x): {'a': x} # it's ${x}"
     assert quote_prompts(["sample.py", f"prompt={prompt}"])[1].startswith("prompt='")
-    code, out, err = run_in_process(monkeypatch, capsys, "sample.py", f"out_dir={tiny_run}", f"prompt={prompt}",
-                                    "max_new_tokens=5", "device=cpu")
+    code, out, err = run_in_process("sample.py", f"out_dir={tiny_run}", f"prompt={prompt}", "max_new_tokens=5",
+                                    "device=cpu")
     assert code == 0, err
     assert out.startswith(prompt) and len(out) == len(prompt) + 5 + 1
 
 
-def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread, monkeypatch, capsys):
+def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
     cfg = tiny_config(tmp_path, max_iters=20)
     cfg = replace(cfg, model=ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=32))
     train(cfg, clock=FakeClock())
@@ -80,8 +80,8 @@ def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread, monkeypatch, c
     texts = generate(cfg.out_dir, prompt=prompt, seed=3)
     assert texts == generate(cfg.out_dir, prompt=prompt, seed=3) != generate(cfg.out_dir, prompt=prompt, seed=4)
     assert texts[0].startswith(prompt) and len(texts[0]) == len(prompt) + 40
-    code, out, err = run_in_process(monkeypatch, capsys, "sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}",
-                                    "seed=3", "max_new_tokens=40", "device=cpu", "dtype=float32")
+    code, out, err = run_in_process("sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}", "seed=3",
+                                    "max_new_tokens=40", "device=cpu", "dtype=float32")
     assert code == 0, err
     assert out == texts[0] + "\n"  # the CLI draws the same tokens from the same seed
 
