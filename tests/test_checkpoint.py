@@ -1,5 +1,5 @@
-"""attnlab/checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full disk)
-keeps the previous checkpoint, leaves no temporary file and says so in one line; a newer format is refused;
+"""attnlab/checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full
+disk) keeps the previous checkpoint, leaves no temporary file and says so in one line; a newer format is refused;
 load_model picks the right file and build_model the right class. CPU, tiny models, seconds (the full-disk cases on a
 real tmpfs need root)."""
 import errno

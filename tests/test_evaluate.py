@@ -1,6 +1,6 @@
-"""scripts/evaluate.py: a checkpoint scored on the whole of a text or of its run's split, as scoring.full_score scores it;
-perplexity and bits per byte from the same total (hand-counted bytes for multi-byte characters and BPE tokens); a GRU
-too; the CLI prints the numbers, and every mistake is one line with exit status 2."""
+"""scripts/evaluate.py: a checkpoint scored on the whole of a text or of its run's split, as scoring.full_score scores
+it; perplexity and bits per byte from the same total (hand-counted bytes for multi-byte characters and BPE tokens); a
+GRU too; the CLI prints the numbers (its mistakes are in tests/test_bad_inputs.py)."""
 import io
 import json
 import math

@@ -1,5 +1,5 @@
-"""attnlab/hf.py and scripts/export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens, both
-directions; offline."""
+"""attnlab/hf.py and scripts/export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens,
+both directions; offline."""
 import base64
 import io
 import re

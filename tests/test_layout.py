@@ -10,8 +10,8 @@ import pytest
 
 from conftest import REPO
 
-ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.export", "scripts.runs", "scripts.bench",
-                "scripts.report.__main__"}
+ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.export", "scripts.runs",
+                "scripts.bench", "scripts.report.__main__"}
 # the design card's entries, the shared library, the secondary commands, and the files every project has
 TOP_LEVEL = {"model.py", "train.py", "sample.py", "configs", "data", "attnlab", "scripts", "tests", "docs", "README.md",
              "LICENSE", "pyproject.toml", ".gitignore", ".ci"}
@@ -23,7 +23,9 @@ SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
 def project_modules():
     """{module name: parsed file} for every Python file of the project outside tests/."""
     files = [*REPO.glob("*.py"), *REPO.glob("attnlab/*.py"), *REPO.glob("data/*.py"), *REPO.glob("scripts/**/*.py")]
-    name = lambda p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    def name(p):
+        return ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
     return {name(p): ast.parse(p.read_text()) for p in files}
 
 

@@ -1,5 +1,6 @@
-"""scripts/runs.py and runlog's comparison of runs: the table (only the config keys that differ, best final val loss first,
-crashed, running and empty folders shown as such), the status a run records, and the table a sweep prints at its end."""
+"""scripts/runs.py and runlog's comparison of runs: the table (only the config keys that differ, best final val loss
+first, crashed, running and empty folders shown as such), the status a run records, and the table a sweep prints at its
+end."""
 import json
 import os
 import socket
