@@ -19,6 +19,7 @@ import torch
 
 import train as train_module
 from conftest import REPO, TINY, compose, data_overrides
+from data.corpus import prepare
 from model import GPT
 from attnlab.record import read_metrics
 from train import train
@@ -150,21 +151,29 @@ def test_sigkill_anywhere_then_resume_gives_the_losses_of_a_straight_run(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
-def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path, signum):
-    out_dir = tmp_path / "run"
-    log_file = tmp_path / "train.log"
-    proc = start([*CRASH, *data_overrides(tmp_path), f"out_dir={out_dir}", "train.max_iters=100000"], log_file)
-    try:
-        wait_for(proc, log_file, lambda: last_logged(out_dir) >= 3)
-        proc.send_signal(signum)
-        assert proc.wait(timeout=60) == 128 + signum
-    finally:
-        proc.kill()
-    ckpt = torch.load(out_dir / "ckpt.pt", weights_only=True)
-    assert f"stopped by signal {signum} at iter {ckpt['iter']}; checkpoint saved to {out_dir / 'ckpt.pt'}; " \
-           f"continue with train.resume=true out_dir={out_dir}" in log_file.read_text()
-    assert ckpt["iter"] == last_logged(out_dir)  # every finished step is in it
+def test_a_signal_saves_a_checkpoint_says_where_and_exits_nonzero(tmp_path):
+    args = [*CRASH, *data_overrides(tmp_path), "train.max_iters=100000"]
+    cfg = compose(*args)
+    prepare(cfg.data, cfg.model.block_size)  # once, before the runs side by side read it
+
+    def signalled(signum):
+        out_dir, log_file = tmp_path / f"run-{signum}", tmp_path / f"train-{signum}.log"
+        proc = start([*args, f"out_dir={out_dir}"], log_file)
+        try:
+            wait_for(proc, log_file, lambda: last_logged(out_dir) >= 3)
+            proc.send_signal(signum)
+            return proc.wait(timeout=60), out_dir, log_file.read_text()
+        finally:
+            proc.kill()
+
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+    with ThreadPoolExecutor(len(signals)) as pool:  # one process per signal, side by side
+        for signum, (code, out_dir, log) in zip(signals, pool.map(signalled, signals)):
+            assert code == 128 + signum, (signum, log[-2000:])
+            ckpt = torch.load(out_dir / "ckpt.pt", weights_only=True)
+            assert f"stopped by signal {signum} at iter {ckpt['iter']}; checkpoint saved to {out_dir / 'ckpt.pt'}; " \
+                   f"continue with train.resume=true out_dir={out_dir}" in log
+            assert ckpt["iter"] == last_logged(out_dir)  # every finished step is in it
 
 
 def test_a_nonfinite_loss_stops_the_run_naming_the_iteration_and_keeps_the_checkpoint(tmp_path, one_thread):
