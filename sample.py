@@ -39,8 +39,9 @@ def encode_prompts(prompts, tokenizer, context_window, device):
     return idx, None if mask.all() else mask
 
 
-def sample(cfg: SampleConfig, out=sys.stdout):
+def sample(cfg: SampleConfig, out=None):
     """Generate as cfg says; streams a single sample to `out`, prints a batch once all finish. Returns texts."""
+    out = sys.stdout if out is None else out  # the stdout of the call, not of the import (a redirected one too)
     device = pick_device(cfg.device)
     dtype = autocast_dtype(device, cfg.dtype)
     if cfg.init_from:

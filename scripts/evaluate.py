@@ -53,8 +53,9 @@ def split_ids(out_dir, split, meta, block_size):
     return load_split(folder, split)
 
 
-def evaluate(cfg: EvalConfig, out=sys.stdout) -> dict:
+def evaluate(cfg: EvalConfig, out=None) -> dict:
     """Score the whole text that cfg names; prints the result to `out` and returns it."""
+    out = sys.stdout if out is None else out  # the stdout of the call, not of the import (a redirected one too)
     device = pick_device(cfg.device)
     amp = autocast(device, autocast_dtype(device, cfg.dtype))
     model, meta = load_model(cfg.out_dir, cfg.checkpoint, device)

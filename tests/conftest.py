@@ -1,5 +1,9 @@
-"""Shared helpers: tiny overrides, small corpora, a script runner, config composition, one tiny trained run."""
+"""Shared helpers: tiny overrides, small corpora, a script runner (in a subprocess or in-process), config composition,
+one tiny trained run."""
 import base64
+import contextlib
+import importlib
+import io
 import os
 import random
 import subprocess
@@ -14,6 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
+from attnlab.config import run_cli  # noqa: E402
 from train import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +51,34 @@ def run_script(*args, env=None, timeout=600):
     """`python ARGS...` in the repository root (a script or -m module), output captured."""
     return subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
+
+
+# each command as the CLI tests name it: (its module, the help_script its `__main__` block passes to run_cli)
+COMMANDS = {"train.py": ("train", None), "sample.py": ("sample", None),
+            "-m scripts.evaluate": ("scripts.evaluate", "-m scripts.evaluate"),
+            "-m scripts.export": ("scripts.export", "-m scripts.export"),
+            "-m data.prepare": ("data.prepare", "train.py")}
+
+
+def run_in_process(command, *args):
+    """`python COMMAND ARGS...` without a new process: the command's main() through run_cli, as its `__main__` block
+    calls it, with sys.argv set so. Returns (exit status, stdout, stderr)."""
+    name, help_script = COMMANDS[command]
+    module = importlib.import_module(name)
+    argv = [command if command.endswith(".py") else module.__file__, *args]
+    if command == "sample.py":
+        module.quote_prompts(argv)  # sample.py's `__main__` block quotes free-text prompts first
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setattr(sys, "argv", argv)
+        patch.setenv("HYDRA_FULL_ERROR", "")  # run_cli sets it: unset during the call, as before it afterwards
+        patch.delenv("HYDRA_FULL_ERROR")
+        try:
+            run_cli(module.main, help_script=help_script)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
 
 
 def tiny_config(tmp_path, **train_kw):

@@ -21,14 +21,15 @@ def test_quick_bench_prints_every_default_section(capsys):
 
 
 @pytest.mark.slow
-def test_quick_speedrun_and_ablation_run_every_recipe_and_lever(tmp_path, monkeypatch, capsys):
+def test_quick_speedrun_and_ablation_run_every_recipe_and_the_levers_asked_for(tmp_path, monkeypatch, capsys):
     corpus = words_corpus(tmp_path / "corpus.txt", n_words=500)
     monkeypatch.setitem(bench.QUICK, "run", [*bench.QUICK["run"], f"data.dir={tmp_path / 'prepared'}"])
-    bench.main(["--quick", "--only", "speedrun,ablation", "--data-path", str(corpus)])
+    # two levers beside the full recipe: each row is a whole train.py run, and the --levers test below picks others
+    bench.main(["--quick", "--only", "speedrun,ablation", "--data-path", str(corpus), "--levers", "adamw,qk-norm"])
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     names = [row[0][2:] for row in rows]
-    assert names == ["recipe", *bench.RECIPES, "change", *bench.LEVERS]
+    assert names == ["recipe", *bench.RECIPES, "change", bench.BASE, "AdamW instead of Muon", "no QK-norm"]
     for row in rows:
         if row[0][2:] in bench.RECIPES:  # iterations as each recipe's quick run asked, a finite whole-val loss
             assert row[1] == "2" and 0 < float(row[5]) < 10 and float(row[2]) <= float(row[3])  # trained <= wall

@@ -1,5 +1,5 @@
-"""attnlab/checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full disk)
-keeps the previous checkpoint, leaves no temporary file and says so in one line; a newer format is refused;
+"""attnlab/checkpoint.py: a file from before the format number resumes exactly where it stopped; a failed write (a full
+disk) keeps the previous checkpoint, leaves no temporary file and says so in one line; a newer format is refused;
 load_model picks the right file and build_model the right class. CPU, tiny models, seconds (the full-disk cases on a
 real tmpfs need root)."""
 import errno
@@ -17,7 +17,7 @@ import torch.nn as nn
 import attnlab.checkpoint as checkpoint
 from attnlab.checkpoint import FORMAT, build_model, load_checkpoint, load_model, save_checkpoint
 from attnlab.config import ModelConfig
-from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_script
+from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_in_process
 from model import GPT
 from attnlab.rnn import RNN
 from attnlab.record import read_metrics
@@ -135,20 +135,19 @@ def test_a_full_tmpfs_keeps_the_previous_checkpoint(tiny_disk):
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.full((4,), 1.0))
 
 
-@pytest.mark.slow
-def test_train_py_on_a_full_disk_exits_with_one_line_whose_advice_works(tiny_disk, tmp_path):
+def test_train_py_on_a_full_disk_exits_with_one_line_whose_advice_works(tiny_disk, tmp_path, one_thread):
     # n_embd=64 (the later override wins): a checkpoint of ~1 MB, so the first write, best.pt at iter 0, fails
     args = [*TINY, "model.n_embd=64", *data_overrides(tmp_path), f"out_dir={tiny_disk / 'run'}"]
-    result = run_script("train.py", *args)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: could not write checkpoint") and "Traceback" not in result.stdout
+    code, out, err = run_in_process("train.py", *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: could not write checkpoint") and "Traceback" not in out
     assert not list((tiny_disk / "run").glob("*.tmp"))
 
     subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_disk)], check=True)  # "free some space"
     advice = ["train.resume=true"] if "train.resume=true" in lines[0] else []
-    again = run_script("train.py", *args, *advice)
-    assert again.returncode == 0, again.stderr
+    code, _, err = run_in_process("train.py", *args, *advice)
+    assert code == 0, err
 
 
 # ---- format numbers, picking a file, building a model ----

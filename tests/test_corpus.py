@@ -346,6 +346,7 @@ def prepare_in_a_process(args):
     return str(prepare(DataConfig(name="text", path=corpus_path, dir=data_dir), block_size=8))
 
 
+@pytest.mark.slow  # three fresh processes, each importing torch
 def test_processes_preparing_one_corpus_at_once_agree_and_build_it_once(tmp_path):
     """Sweep jobs that start together: one builds the folder under a lock, the others wait for it and reuse it."""
     path = str(write(tmp_path / "a.txt", corpus_text(20000)))

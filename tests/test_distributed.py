@@ -10,7 +10,7 @@ import torch
 
 from attnlab.checkpoint import build_model
 from attnlab.config import TrainConfig
-from conftest import compose, data_overrides, run_script
+from conftest import compose, data_overrides, run_in_process, run_script
 from attnlab.distributed import Processes, shard
 from attnlab.record import read_metrics
 from train import train
@@ -123,8 +123,8 @@ def test_fsdp_trains_like_one_process_and_its_checkpoints_resume_in_either_mode(
     assert max(losses) <= LOSS_TOLERANCE
     assert max(at_4 + at_8) <= WEIGHT_TOLERANCE
 
-    sampled = run_script("sample.py", f"out_dir={fsdp}", "prompt=the", "max_new_tokens=20", "device=cpu")
-    assert sampled.returncode == 0 and sampled.stdout.startswith("the") and len(sampled.stdout) > 20, sampled.stderr
+    code, sampled, err = run_in_process("sample.py", f"out_dir={fsdp}", "prompt=the", "max_new_tokens=20", "device=cpu")
+    assert code == 0 and sampled.startswith("the") and len(sampled) > 20, err
 
 
 # Muon orthogonalises each matrix in bf16 (torch.optim.Muon's Newton-Schulz). On FSDP's sharded matrices DTensor runs

@@ -1,5 +1,5 @@
-"""attnlab/hf.py and scripts/export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens, both
-directions; offline."""
+"""attnlab/hf.py and scripts/export.py (its CLI) against transformers' own GPT-2: same logits and same greedy tokens,
+both directions; offline."""
 import base64
 import io
 import re
@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 from scripts.export import export  # noqa: E402
 from attnlab.checkpoint import build_model, load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from attnlab.config import ExportConfig, ModelConfig, SampleConfig  # noqa: E402
-from conftest import SHARED_DATA, run_script, tiny_config  # noqa: E402
+from conftest import SHARED_DATA, run_in_process, tiny_config  # noqa: E402
 from data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 from attnlab.decode import generate  # noqa: E402
 from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, hf_tokenizer, to_hf  # noqa: E402
@@ -98,26 +98,18 @@ def test_incompatible_model_names_what_to_change(tmp_path):
     assert gpt2_config_problems(GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=4, attn="manual")) == []
 
 
-@pytest.mark.slow
 def test_cli_exports_a_trained_run(tmp_path):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=4, eval_interval=4, eval_iters=1)
     cfg.model = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, **GPT2_ARCH)
     train(cfg)
-    result = run_script("-m", "scripts.export", f"out_dir={cfg.out_dir}")
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_in_process("-m scripts.export", f"out_dir={cfg.out_dir}")
+    assert code == 0, err
     ours, _ = load_model(cfg.out_dir, "best", "cpu")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out" / "hf")
     assert hf.config.eos_token_id is None  # a character vocabulary has no GPT2_EOT
     idx = torch.randint(0, ours.config.vocab_size, (1, 10))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max() < 1e-4
-
-
-def test_cli_errors_are_one_line():
-    result = run_script("-m", "scripts.export", "out_dir=does/not/exist", timeout=120)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: no checkpoint in does/not/exist"), result.stderr
 
 
 def test_export_refuses_an_unknown_checkpoint_name():

@@ -23,7 +23,9 @@ SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
 def project_modules():
     """{module name: parsed file} for every Python file of the project outside tests/."""
     files = [*REPO.glob("*.py"), *REPO.glob("attnlab/*.py"), *REPO.glob("data/*.py"), *REPO.glob("scripts/**/*.py")]
-    name = lambda p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    def name(p):
+        return ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
     return {name(p): ast.parse(p.read_text()) for p in files}
 
 

@@ -1,5 +1,5 @@
-"""scripts/report's measuring tools: the counts behind Table 1. tests/test_report_recall.py has the synthetic tasks, equal
-sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
+"""scripts/report's measuring tools: the counts behind Table 1. tests/test_report_recall.py has the synthetic tasks,
+equal sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
 tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
 import json
 import sys
@@ -14,7 +14,10 @@ from scripts.report.mechanism import autograd_depth, max_hops
 
 def test_sequential_steps_constant_for_attention_linear_for_recurrence():
     block = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=256)).transformer.h[0]
-    depth = lambda T: autograd_depth(block(torch.randn(1, T, 16, requires_grad=True))[0].sum())
+
+    def depth(T):
+        return autograd_depth(block(torch.randn(1, T, 16, requires_grad=True))[0].sum())
+
     assert depth(8) == depth(64) == depth(256)
     cell = torch.nn.LSTMCell(16, 16)
 

@@ -1,6 +1,6 @@
-"""scripts/report/cost.py's experiments end to end at tiny sizes (figure and rows written, threads restored), the FLOP counts
-against a formula written out, the peak-memory measure against allocations of known size, and the KV cache's bytes.
-No wall-clock asserts."""
+"""scripts/report/cost.py's experiments end to end at tiny sizes (figure and rows written, threads restored), the FLOP
+counts against a formula written out, the peak-memory measure against allocations of known size, and the KV cache's
+bytes. No wall-clock asserts."""
 import pytest
 import torch
 import torch.nn.functional as F

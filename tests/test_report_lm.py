@@ -1,6 +1,6 @@
-"""scripts/report/lm.py: the language-model experiments end to end on tiny models (train.py trains them, their checkpoints are
-scored, rows, grid points and figures are written), and the measures they report: the loss at each position, where
-it stops improving, and a model run at twice its training length."""
+"""scripts/report/lm.py: the language-model experiments end to end on tiny models (train.py trains them, their
+checkpoints are scored, rows, grid points and figures are written), and the measures they report: the loss at each
+position, where it stops improving, and a model run at twice its training length."""
 import json
 import math
 from dataclasses import asdict

@@ -1,5 +1,5 @@
-"""scripts/report/tasks.py and scripts/report/recall.py: the synthetic batches, equal sizes, the bytes of state each model carries, the
-stopping rule, the lr/seed grid, and both experiments end to end on tiny budgets."""
+"""scripts/report/tasks.py and scripts/report/recall.py: the synthetic batches, equal sizes, the bytes of state each
+model carries, the stopping rule, the lr/seed grid, and both experiments end to end on tiny budgets."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -77,7 +77,10 @@ def test_synthetic_models_have_equal_size(vocab_size):
 def test_rnn_width_counts_parameters_like_the_model(type, gates, tied):
     width = rnn_width(200_000, 50, n_layer=3, gates=gates, tied=tied)
     model = build_model(ModelConfig(type=type, vocab_size=50, n_layer=3, n_embd=width, tie_weights=tied))
-    count = lambda h: 50 * h * (1 if tied else 2) + 3 * gates * (2 * h * h + 2 * h)
+
+    def count(h):
+        return 50 * h * (1 if tied else 2) + 3 * gates * (2 * h * h + 2 * h)
+
     assert model.num_params() == count(width)
     assert abs(count(width) - 200_000) <= min(abs(count(width + 1) - 200_000), abs(count(width - 1) - 200_000))
 
@@ -106,8 +109,13 @@ def scripted_evaluate(monkeypatch, scores):
 
 
 TINY = ModelConfig(type="lstm", vocab_size=8, block_size=8, n_layer=1, n_embd=8)
-BATCH = lambda it, g: (torch.randint(0, 8, (2, 8), generator=g), torch.randint(0, 8, (2, 8), generator=g))
-EVALS = {"set": BATCH(0, torch.Generator().manual_seed(0))}
+
+
+def tiny_batch(it, g):
+    return torch.randint(0, 8, (2, 8), generator=g), torch.randint(0, 8, (2, 8), generator=g)
+
+
+EVALS = {"set": tiny_batch(0, torch.Generator().manual_seed(0))}
 
 
 def test_training_stops_at_a_plateau_of_the_selection_loss_after_half_the_cap(monkeypatch):
@@ -115,17 +123,17 @@ def test_training_stops_at_a_plateau_of_the_selection_loss_after_half_the_cap(mo
     plateau = [(0.1, 1.0), (0.2, 0.9)] + [(0.3, 0.895)] * 20
     for cap, stop in ((40, 20), (100, 50)):  # the plateau at step 20 ends a run only once half the cap is behind it
         scripted_evaluate(monkeypatch, plateau)
-        run = train_synthetic(TINY, BATCH, cap, 1e-3, EVALS, torch.device("cpu"), eval_every=5, patience=3)
+        run = train_synthetic(TINY, tiny_batch, cap, 1e-3, EVALS, torch.device("cpu"), eval_every=5, patience=3)
         assert run.curve[-1][0] == run.steps == stop and [step for step, _ in run.curve] == list(range(0, stop + 1, 5))
         assert run.select == 0.3 and not run.solved and not run.capped  # the plateau, not the cap, stopped it
 
 
 def test_training_stops_at_the_target_accuracy_and_flags_a_capped_run(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.996, 0.5)])
-    run = train_synthetic(TINY, BATCH, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 5 and run.solved and not run.capped
     scripted_evaluate(monkeypatch, [(0.1, 1.0), (0.2, 0.9), (0.3, 0.8)])  # still falling when the cap comes
-    run = train_synthetic(TINY, BATCH, 10, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 10, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 10 and run.capped and not run.solved
 
 
@@ -144,8 +152,10 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (test_score[model], 0.0))
     ctx = Context("quick", torch.device("cpu"), None)
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
-    grid = lambda seeds, grid_seeds=1: tune(ctx, "recall", "gpt", None, None, list(selection), seeds, 7, {}, test,
-                                            "width 64", grid_seeds)
+
+    def grid(seeds, grid_seeds=1):
+        return tune(ctx, "recall", "gpt", None, None, list(selection), seeds, 7, {}, test, "width 64", grid_seeds)
+
     tuned = grid((0, 1, 2))
     assert trained == [(1e-3, 0), (1e-2, 0), (3e-2, 0), (1e-2, 1), (1e-2, 2)]
     assert tuned.lr == 1e-2 and not tuned.edge and set(tuned.runs) == {0, 1, 2}
@@ -166,7 +176,10 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
 
 def test_gpt_learns_recall_in_a_short_seeded_run():
     evals = {4: recall_batch(256, 4, n_keys=16, generator=torch.Generator().manual_seed(1))}
-    make = lambda it, g: recall_batch(64, 4, n_keys=16, generator=g)
+
+    def make(it, g):
+        return recall_batch(64, 4, n_keys=16, generator=g)
+
     run = train_synthetic(synthetic_models(33, 12)["gpt"], make, 300, 3e-3, evals, torch.device("cpu"), stop_at=0.97)
     assert run.curve[-1][1][4] >= 0.95, run.curve
 
@@ -220,7 +233,11 @@ def test_induction_experiment_end_to_end(tiny_budget):
 
 def test_seed_grid_trains_the_grid_then_the_chosen_lr_with_the_other_seeds():
     calls = []
-    fit = lambda lr, seed: calls.append((lr, seed)) or {"lr": lr, "seed": seed, "score": -abs(lr - 2) + seed}
+
+    def fit(lr, seed):
+        calls.append((lr, seed))
+        return {"lr": lr, "seed": seed, "score": -abs(lr - 2) + seed}
+
     best, grid, runs = seed_grid(fit, [1, 2, 3], [0, 1, 2], 1, lambda runs: sum(r["score"] for r in runs))
     assert best == 2 and set(grid) == {(1, 0), (2, 0), (3, 0)}
     assert calls == [(1, 0), (2, 0), (3, 0), (2, 1), (2, 2)]  # the grid's own seed-0 run is reused, not retrained

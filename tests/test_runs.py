@@ -1,5 +1,6 @@
-"""scripts/runs.py and attnlab/record.py's comparison of runs: the table (only the config keys that differ, best final val loss first,
-crashed, running and empty folders shown as such), the status a run records, and the table a sweep prints at its end."""
+"""scripts/runs.py and attnlab/record.py's comparison of runs: the table (only the config keys that differ, best final
+val loss first, crashed, running and empty folders shown as such), the status a run records, and the table a sweep
+prints at its end."""
 import json
 import os
 import socket
@@ -12,9 +13,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import TINY, data_overrides, run_script, tiny_config
+import scripts.runs as runs_cli
 from attnlab.record import (RunLog, SweepSummary, compare_runs, find_runs, flatten, read_metrics, run_status, runs_table,
                             short_value, summarize)
+from conftest import TINY, data_overrides, run_in_process, tiny_config
 from attnlab.distributed import Processes
 from train import train
 
@@ -129,14 +131,13 @@ def test_the_run_log_records_running_then_finished_stopped_or_failed(tmp_path):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    """A real two-job sweep through the CLI: (its out_dir, what it printed)."""
+    """A two-job sweep through the CLI (train.py -m, in-process): (its out_dir, what it printed)."""
     root = tmp_path_factory.mktemp("sweep")
-    result = run_script("train.py", "-m", *SWEEP, *data_overrides(root), f"out_dir={root / 'sweep'}")
-    assert result.returncode == 0, result.stderr
-    return root / "sweep", result.stdout
+    code, out, err = run_in_process("train.py", "-m", *SWEEP, *data_overrides(root), f"out_dir={root / 'sweep'}")
+    assert code == 0, err
+    return root / "sweep", out
 
 
-@pytest.mark.slow
 def test_a_sweep_prints_its_table_when_it_ends_and_writes_the_png(sweep):
     out_dir, printed = sweep
     cells = table(printed)
@@ -150,8 +151,7 @@ def test_a_sweep_prints_its_table_when_it_ends_and_writes_the_png(sweep):
     assert (out_dir / "runs.png").read_bytes().startswith(PNG_MAGIC)
 
 
-@pytest.mark.slow
-def test_runs_shows_crashed_killed_and_empty_folders_beside_a_sweep(sweep, tmp_path, one_thread):
+def test_runs_shows_crashed_killed_and_empty_folders_beside_a_sweep(sweep, tmp_path, one_thread, capsys):
     sweep_dir, _ = sweep
     failed = replace(tiny_config(tmp_path, learning_rate=1e10, grad_clip=0.0), out_dir=str(tmp_path / "nan"))
     with pytest.raises(ValueError, match="the loss is"):
@@ -160,17 +160,17 @@ def test_runs_shows_crashed_killed_and_empty_folders_beside_a_sweep(sweep, tmp_p
                       evals=[(0, 9.0)], status="running", pid=dead_pid())
     (tmp_path / "empty").mkdir()
     png = tmp_path / "runs.png"
-    result = run_script("-m", "scripts.runs", str(sweep_dir), str(tmp_path / "nan"), str(killed), str(tmp_path / "empty"),
-                        "--png", str(png))
-    assert result.returncode == 0, result.stderr
-    cells = table(result.stdout)
+    capsys.readouterr()
+    runs_cli.main([str(sweep_dir), str(tmp_path / "nan"), str(killed), str(tmp_path / "empty"), "--png", str(png)])
+    printed = capsys.readouterr().out
+    cells = table(printed)
     shared = Path(os.path.commonpath([sweep_dir, tmp_path]))  # the runs are named relative to it
     expected = {sweep_dir / "0": "finished", sweep_dir / "1": "finished", tmp_path / "nan": "failed",
                 killed: "killed", tmp_path / "empty": "no metrics"}
     assert dict(zip(column(cells, "run"), column(cells, "status"))) == \
            {str(folder.relative_to(shared)): status for folder, status in expected.items()}
     assert column(cells, "run")[-1].endswith("empty") and column(cells, "final val loss")[-1] == "-"
-    assert png.read_bytes().startswith(PNG_MAGIC) and f"validation curves: {png}" in result.stdout
+    assert png.read_bytes().startswith(PNG_MAGIC) and f"validation curves: {png}" in printed
 
 
 def test_a_folder_lists_the_run_in_it_and_the_runs_below_it(tmp_path):

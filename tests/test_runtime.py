@@ -1,5 +1,5 @@
-"""attnlab/runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the A B A B timing and the machine's
-name, the git commit. GPU-only checks are skipped without CUDA."""
+"""attnlab/runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the A B A B timing and the
+machine's name, the git commit. GPU-only checks are skipped without CUDA."""
 import importlib.util
 import re
 import shutil

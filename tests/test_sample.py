@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from attnlab.config import ModelConfig, SampleConfig
-from conftest import FakeClock, run_script, tiny_config
+from conftest import FakeClock, run_in_process, tiny_config
 from sample import quote_prompts, sample
 from train import train
 
@@ -66,12 +66,12 @@ def test_bad_prompts_are_named(tiny_run, kw, message):
 def test_cli_takes_free_text_prompts(tiny_run):
     prompt = "f(x): {'a': x} # it's ${x}"
     assert quote_prompts(["sample.py", f"prompt={prompt}"])[1].startswith("prompt='")
-    result = run_script("sample.py", f"out_dir={tiny_run}", f"prompt={prompt}", "max_new_tokens=5", "device=cpu")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(prompt) and len(result.stdout) == len(prompt) + 5 + 1
+    code, out, err = run_in_process("sample.py", f"out_dir={tiny_run}", f"prompt={prompt}", "max_new_tokens=5",
+                                    "device=cpu")
+    assert code == 0, err
+    assert out.startswith(prompt) and len(out) == len(prompt) + 5 + 1
 
 
-@pytest.mark.slow
 def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
     cfg = tiny_config(tmp_path, max_iters=20)
     cfg = replace(cfg, model=ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=32))
@@ -80,10 +80,10 @@ def test_an_lstm_run_samples_like_a_gpt_run(tmp_path, one_thread):
     texts = generate(cfg.out_dir, prompt=prompt, seed=3)
     assert texts == generate(cfg.out_dir, prompt=prompt, seed=3) != generate(cfg.out_dir, prompt=prompt, seed=4)
     assert texts[0].startswith(prompt) and len(texts[0]) == len(prompt) + 40
-    result = run_script("sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}", "seed=3", "max_new_tokens=40",
-                        "device=cpu", "dtype=float32")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == texts[0] + "\n"  # the CLI draws the same tokens from the same seed
+    code, out, err = run_in_process("sample.py", f"out_dir={cfg.out_dir}", f"prompt={prompt}", "seed=3",
+                                    "max_new_tokens=40", "device=cpu", "dtype=float32")
+    assert code == 0, err
+    assert out == texts[0] + "\n"  # the CLI draws the same tokens from the same seed
 
 
 def test_a_run_on_a_bpe_of_its_own_corpus_trains_and_samples(tmp_path):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import WORDS, run_script
+from conftest import WORDS, run_in_process, run_script
 from data.corpus import load_meta, load_split
 from data.tokenizers import GPT2Tokenizer
 
@@ -44,9 +44,9 @@ def test_gpt2_owt_from_parquet_and_jsonl_shards_through_torchrun_to_samples(tmp_
     docs = write_dump(tmp_path / "dump")
     data = [f"data.path={tmp_path / 'dump'}", f"data.bpe_file={tiny_bpe}", f"data.dir={tmp_path / 'prepared'}",
             "data.num_proc=2"]
-    prepared = run_script("-m", "data.prepare", *TOY, *data)
-    assert prepared.returncode == 0, prepared.stderr[-2000:]
-    assert "180 documents" in prepared.stdout
+    code, printed, err = run_in_process("-m data.prepare", *TOY, *data)
+    assert code == 0, err[-2000:]
+    assert "180 documents" in printed
     folder = next((tmp_path / "prepared").glob("text-gpt2-*[!k]"))
     tok = GPT2Tokenizer(tiny_bpe)
     ids = np.concatenate([load_split(folder, "train"), load_split(folder, "val")]).tolist()
@@ -60,6 +60,7 @@ def test_gpt2_owt_from_parquet_and_jsonl_shards_through_torchrun_to_samples(tmp_
     assert "2 process(es)" in result.stdout and "1 micro-step(s) of 128 tokens" in result.stdout
     assert json.loads((out_dir / "status.json").read_text())["status"] == "finished"
 
-    sampled = run_script("sample.py", f"out_dir={out_dir}", "prompt=The cat", "max_new_tokens=8", "device=cpu")
-    assert sampled.returncode == 0, sampled.stderr[-2000:]
-    assert sampled.stdout.startswith("The cat")
+    code, sampled, err = run_in_process("sample.py", f"out_dir={out_dir}", "prompt=The cat", "max_new_tokens=8",
+                                        "device=cpu")
+    assert code == 0, err[-2000:]
+    assert sampled.startswith("The cat")

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from attnlab.config import CONFIG_DIR, register_configs
-from conftest import TINY, compose, data_overrides, run_script
+from conftest import TINY, compose, data_overrides, run_in_process, run_script
 from data.corpus import prepare
 from attnlab.record import read_metrics
 
@@ -51,15 +51,18 @@ def test_slurm_launcher_composes_with_one_process_per_job():
     assert OmegaConf.select(cfg, "hydra.launcher.submitit_folder") == "out/sweep/.submitit/%j"  # logs beside the jobs
 
 
-@pytest.mark.slow
-def test_optuna_search_reports_the_lowest_val_loss_of_its_trials(tmp_path):
+OPTUNA_2_ON_SQLALCHEMY_1_4 = "ignore:Deprecated API features detected"  # optuna 2.x's storage module, on import
+
+
+@pytest.mark.filterwarnings(OPTUNA_2_ON_SQLALCHEMY_1_4)
+def test_optuna_search_reports_the_lowest_val_loss_of_its_trials(tmp_path, one_thread):
     out_dir = tmp_path / "search"
     # the space narrowed on the command line, as a user would: only the learning rate varies, TPE from trial 3
-    result = run_script("train.py", "-m", "hparams_search=optuna", *SHORT, *data_overrides(tmp_path),
-                        f"out_dir={out_dir}", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.n_startup_trials=2",
-                        "train.learning_rate=tag(log, interval(1e-3, 1e-1))", "train.warmup_iters=0",
-                        timeout=TIMEOUT_S)
-    assert result.returncode == 0, result.stderr[-3000:]
+    code, _, err = run_in_process("train.py", "-m", "hparams_search=optuna", *SHORT, *data_overrides(tmp_path),
+                                  f"out_dir={out_dir}", "hydra.sweeper.n_trials=3",
+                                  "hydra.sweeper.sampler.n_startup_trials=2",
+                                  "train.learning_rate=tag(log, interval(1e-3, 1e-1))", "train.warmup_iters=0")
+    assert code == 0, err[-3000:]
     folders = job_folders(out_dir)
     assert [f.name for f in folders] == ["0", "1", "2"]
     assert all((f / "ckpt.pt").exists() for f in folders)
@@ -72,12 +75,12 @@ def test_optuna_search_reports_the_lowest_val_loss_of_its_trials(tmp_path):
     assert results.best_params["train.learning_rate"] == pytest.approx(trained_config(best)["train"]["learning_rate"])
 
 
-@pytest.mark.slow
+@pytest.mark.filterwarnings(OPTUNA_2_ON_SQLALCHEMY_1_4)
 def test_a_failing_trial_ends_the_search_with_its_one_line_error(tmp_path):
-    result = run_script("train.py", "-m", "hparams_search=optuna", *SHORT, *data_overrides(tmp_path),
-                        f"out_dir={tmp_path / 'search'}", "train.learning_rate=interval(-1, -0.5)", timeout=TIMEOUT_S)
-    assert result.returncode == 2
-    assert "must be positive" in result.stderr.strip().splitlines()[-1]
+    code, _, err = run_in_process("train.py", "-m", "hparams_search=optuna", *SHORT, *data_overrides(tmp_path),
+                                  f"out_dir={tmp_path / 'search'}", "train.learning_rate=interval(-1, -0.5)")
+    assert code == 2
+    assert "must be positive" in err.strip().splitlines()[-1]
     assert not (tmp_path / "search" / "optimization_results.yaml").exists()
 
 

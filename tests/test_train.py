@@ -14,7 +14,7 @@ import torch
 import train as train_module
 from attnlab.checkpoint import load_checkpoint, load_model
 from attnlab.config import ModelConfig
-from conftest import TINY, FakeClock, data_overrides, run_script, tiny_config
+from conftest import TINY, FakeClock, data_overrides, run_in_process, tiny_config
 from data.corpus import load_split
 from attnlab.record import read_metrics
 from data.tokenizers import load_tokenizer
@@ -51,12 +51,13 @@ def assert_same_weights(out_dir_a, out_dir_b):
         assert torch.equal(tensor, b[name]), name
 
 
-def test_cli_trains_and_writes_a_complete_run(tmp_path):
+def test_cli_trains_and_writes_a_complete_run(tmp_path, one_thread):
     out = tmp_path / "run"
-    result = run_script("train.py", *TINY, *data_overrides(tmp_path), f"out_dir={out}", "model.n_embd=32",
-                        "model.block_size=32", "train.batch_size=8", "train.max_iters=40", "train.eval_interval=20",
-                        "train.eval_iters=4", "train.learning_rate=3e-3", "train.warmup_iters=5")
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_in_process("train.py", *TINY, *data_overrides(tmp_path), f"out_dir={out}", "model.n_embd=32",
+                                  "model.block_size=32", "train.batch_size=8", "train.max_iters=40",
+                                  "train.eval_interval=20", "train.eval_iters=4", "train.learning_rate=3e-3",
+                                  "train.warmup_iters=5")
+    assert code == 0, err
     for name in ("ckpt.pt", "best.pt", "metrics.jsonl", "loss.png", "config.json", ".hydra/overrides.yaml"):
         assert (out / name).exists(), name
     evals = read_metrics(out, "eval")
@@ -99,11 +100,10 @@ def test_get_batch_targets_are_inputs_shifted_by_one():
     assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
 
 
-@pytest.mark.slow
-def test_sweep_gives_each_job_its_own_out_dir_and_one_wandb_group(tmp_path):
-    result = run_script("train.py", "-m", *TINY, "model.n_layer=1,2", *data_overrides(tmp_path),
-                        f"out_dir={tmp_path / 'sweep'}")
-    assert result.returncode == 0, result.stderr
+def test_sweep_gives_each_job_its_own_out_dir_and_one_wandb_group(tmp_path, one_thread):
+    code, _, err = run_in_process("train.py", "-m", *TINY, "model.n_layer=1,2", *data_overrides(tmp_path),
+                                  f"out_dir={tmp_path / 'sweep'}")
+    assert code == 0, err
     for job, n_layer in (("0", 1), ("1", 2)):
         assert load_checkpoint(tmp_path / "sweep" / job / "ckpt.pt")["model_config"]["n_layer"] == n_layer
         receipt = json.loads((tmp_path / "sweep" / job / "config.json").read_text())
