@@ -134,11 +134,11 @@ def chunked_lm_loss(h, weight, targets, attention_mask=None):
 
 
 class RMSNorm(nn.RMSNorm):
-    """nn.RMSNorm with its gain cast to the input's dtype: under bf16 autocast the input is bf16 and the gain fp32,
-    which torch's fused kernel refuses (with a warning, falling back to the unfused path)."""
+    """nn.RMSNorm computed in fp32 and returned in its input's dtype: under bf16 autocast the input is bf16 and the
+    gain fp32, a mix torch's fused kernel refuses (with a warning, falling back to an unfused path)."""
 
     def forward(self, x):
-        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+        return F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).type_as(x)
 
 
 def make_norm(config, dim):

@@ -31,15 +31,15 @@ def words(path, vocabulary, seed):
 def test_a_fine_tune_of_an_exported_model_starts_where_it_was_and_learns_the_new_text(tmp_path, tiny_bpe, one_thread):
     gpt2_tokens = ["data=text", "data.tokenizer=gpt2", f"data.bpe_file={tiny_bpe}", f"data.dir={tmp_path / 'p'}"]
     pretrain = compose(*gpt2_tokens, *SHAPE, f"data.path={words(tmp_path / 'first.txt', FIRST, 0)}",
-                       "train.optimizer=adamw", "train.learning_rate=1e-2", "train.max_iters=60",
-                       "train.warmup_iters=5", "train.eval_interval=60", "train.batch_size=8", "train.device=cpu",
-                       "train.dtype=float32", f"out_dir={tmp_path / 'pretrained'}")
+                       "train.optimizer=adamw", "train.learning_rate=1e-2", "train.max_iters=40",
+                       "train.warmup_iters=5", "train.eval_interval=40", "train.eval_iters=2", "train.batch_size=8",
+                       "train.device=cpu", "train.dtype=float32", f"out_dir={tmp_path / 'pretrained'}")
     train(pretrain, clock=FakeClock())
     hf_dir = export(ExportConfig(out_dir=str(tmp_path / "pretrained")))
 
     second = [*gpt2_tokens, f"data.path={words(tmp_path / 'second.txt', SECOND, 1)}", "model.block_size=32"]
     tune = compose("experiment=finetune_gpt2", *second, f"train.init_from={hf_dir}", "train.batch_size=8",
-                   "train.tokens_per_step=0", "train.max_iters=30", "train.eval_iters=4", "train.device=cpu",
+                   "train.tokens_per_step=0", "train.max_iters=30", "train.eval_iters=2", "train.device=cpu",
                    "train.dtype=float32", f"out_dir={tmp_path / 'tuned'}")
     assert (tune.train.optimizer, tune.train.learning_rate, tune.train.min_lr, tune.train.warmup_iters) == (
         "adamw", 3e-5, 3e-5, 0)  # the preset's constant small rate

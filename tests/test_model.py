@@ -253,7 +253,7 @@ def test_sdpa_and_manual_backends_agree(n_kv_head):
 
 
 @pytest.mark.filterwarnings("error")
-def test_rmsnorm_under_bf16_autocast_is_fused_and_matches_fp32():
+def test_rmsnorm_under_bf16_autocast_runs_in_fp32_without_a_warning():
     torch.manual_seed(0)
     norm = RMSNorm(64)
     with torch.no_grad():
@@ -261,8 +261,8 @@ def test_rmsnorm_under_bf16_autocast_is_fused_and_matches_fp32():
     x = torch.randn(4, 16, 64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = norm(x.bfloat16())  # bf16 in, fp32 gain: the case torch's fused kernel warned about
-    assert y.dtype == torch.bfloat16
-    assert torch.allclose(y.float(), norm(x), rtol=2e-2, atol=2e-2)
+    assert y.dtype == torch.bfloat16  # computed in fp32, returned in the input's dtype
+    assert torch.equal(y, norm(x.bfloat16().float()).bfloat16())
     reference = torch.nn.RMSNorm(64)
     reference.load_state_dict(norm.state_dict())
     assert torch.equal(norm(x), reference(x))  # in fp32, exactly nn.RMSNorm's arithmetic
