@@ -5,9 +5,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import TINY, FakeClock, compose, data_overrides, run_in_process, run_script
 
 from attnlab.config import SampleConfig
-from conftest import TINY, FakeClock, compose, data_overrides, run_in_process, run_script
 from sample import sample
 from train import train
 
@@ -70,7 +70,7 @@ CASES = {
     "val_fraction 2": ("train.py", "data.val_fraction=2", "data.val_fraction=2.0 must be between 0 and 1"),
     "fresh run into a checkpoint": ("train.py", "out_dir={root}/run", "pass train.resume=true to continue it, or"),
     "resume with another shape": ("train.py", "out_dir={root}/run train.resume=true model.n_layer=3",
-                                  "(saved vs now): model.n_layer=2 vs 3; drop those overrides to resume, or train anew"),
+                                  "(saved vs now): model.n_layer=2 vs 3; drop those overrides to resume"),
     "resume with another optimizer": ("train.py", "out_dir={root}/run train.resume=true train.optimizer=adamw",
                                       "train.optimizer='muon' vs 'adamw'; drop those overrides to resume"),
     "resume without a checkpoint": ("train.py", "train.resume=true", "train without resume first"),

@@ -1,9 +1,9 @@
 """scripts/bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
 import pytest
 import torch
+from conftest import words_corpus
 
 import scripts.bench as bench
-from conftest import words_corpus
 from attnlab.runtime import hardware_name
 
 

@@ -3,9 +3,9 @@ trains, samples and is evaluated with every warning an error."""
 import io
 
 import pytest
+from conftest import tiny_config
 
 from attnlab.config import EvalConfig, SampleConfig
-from conftest import tiny_config
 from sample import sample
 from scripts.evaluate import evaluate
 from train import train

@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_in_process
 
 import attnlab.checkpoint as checkpoint
 from attnlab.checkpoint import FORMAT, build_model, load_checkpoint, load_model, save_checkpoint
 from attnlab.config import ModelConfig
-from conftest import REPO, TINY, FakeClock, compose, data_overrides, run_in_process
-from model import GPT
-from attnlab.rnn import RNN
 from attnlab.record import read_metrics
+from attnlab.rnn import RNN
+from model import GPT
 from train import train
 
 FIXTURE = REPO / "tests" / "fixtures" / "v0"  # README.md there says how ckpt_iter10.pt was made

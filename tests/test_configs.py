@@ -11,11 +11,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from attnlab.config import (CONFIG_DIR, MODEL_TYPES, Config, DataConfig, EvalConfig, HellaSwagConfig, LoggerConfig,
-                            ModelConfig, SampleConfig, TrainConfig, compose, register_configs)
+from attnlab.config import (
+    CONFIG_DIR,
+    MODEL_TYPES,
+    Config,
+    DataConfig,
+    EvalConfig,
+    HellaSwagConfig,
+    LoggerConfig,
+    ModelConfig,
+    SampleConfig,
+    TrainConfig,
+    compose,
+    register_configs,
+)
 from attnlab.hf import GPT2_ARCH, gpt2_config_problems
-from model import GPTConfig
 from attnlab.rnn import RNNConfig
+from model import GPTConfig
 
 PRESETS = [f"{p.parent.name}={p.stem}" for p in sorted(CONFIG_DIR.glob("*/*.yaml"))]
 HYDRA_GROUPS = Path(hydra.__file__).parent / "conf" / "hydra"  # hydra/job_logging, hydra/hydra_logging, ...
@@ -126,7 +138,7 @@ def test_speed_experiments_compose_with_their_recipes():
             == (4, 128, 64, 12))
     long = compose("experiment=speedrun_cpu_long")
     assert (long.model.n_layer, long.model.block_size, long.train.batch_size) == (3, 128, 24)
-    # a step count, which repeats on any machine; scripts/bench.py gives it nanoGPT's wall on the machine as a budget instead
+    # a step count, which repeats on any machine; scripts/bench.py gives it nanoGPT's wall there as a budget instead
     assert long.train.time_budget_s == 0 and long.train.max_iters == 640
     assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.train.muon_momentum,
             long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.train.muon_momentum, "full")

@@ -10,12 +10,12 @@ import urllib.error
 
 import numpy as np
 import pytest
+from conftest import REPO, compose
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import data.corpus as corpus
 from attnlab.config import DataConfig
-from conftest import REPO, compose
 from data.corpus import load_meta, load_split, prepare
 from data.prepare import main as prepare_main
 from data.tokenizers import BPETokenizer, GPT2Tokenizer, load_tokenizer

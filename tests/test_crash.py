@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, TINY, compose, data_overrides
 
 import train as train_module
-from conftest import REPO, TINY, compose, data_overrides
+from attnlab.record import read_metrics
 from data.corpus import prepare
 from model import GPT
-from attnlab.record import read_metrics
 from train import train
 
 UNBUFFERED = {"PYTHONUNBUFFERED": "1"}  # every line is in the log at once, for the harness that polls it

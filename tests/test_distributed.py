@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 import torch
+from conftest import compose, data_overrides, run_in_process, run_script
 
 from attnlab.checkpoint import build_model
 from attnlab.config import TrainConfig
-from conftest import compose, data_overrides, run_in_process, run_script
 from attnlab.distributed import Processes, shard
 from attnlab.record import read_metrics
 from train import train

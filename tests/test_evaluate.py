@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose, run_in_process, tiny_config
 
 from attnlab.checkpoint import build_model, load_model, save_checkpoint
 from attnlab.config import DataConfig, EvalConfig, ModelConfig
-from conftest import compose, run_in_process, tiny_config
+from attnlab.scoring import byte_counts, full_score
 from data.corpus import load_split
 from data.tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer
 from scripts.evaluate import evaluate
-from attnlab.scoring import byte_counts, full_score
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

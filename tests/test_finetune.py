@@ -8,10 +8,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from conftest import FakeClock  # noqa: E402
+
 from attnlab.config import ExportConfig, compose  # noqa: E402
 from attnlab.hf import GPT2_ARCH  # noqa: E402
 from attnlab.record import read_metrics  # noqa: E402
-from conftest import FakeClock  # noqa: E402
 from scripts.export import export  # noqa: E402
 from train import train  # noqa: E402
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
 from torch._dynamo.utils import counters
 
 import attnlab.distributed as distributed
 from attnlab.checkpoint import load_checkpoint
 from attnlab.config import SampleConfig, TrainConfig
-from conftest import tiny_config
-from model import GPT, GPTConfig
+from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
+from model import GPT, GPTConfig
 from sample import sample
 from train import train
-from attnlab.optim import make_optimizer, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

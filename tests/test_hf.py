@@ -9,15 +9,16 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from scripts.export import export  # noqa: E402
+from conftest import SHARED_DATA, run_in_process, tiny_config  # noqa: E402
+
 from attnlab.checkpoint import build_model, load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from attnlab.config import ExportConfig, ModelConfig, SampleConfig  # noqa: E402
-from conftest import SHARED_DATA, run_in_process, tiny_config  # noqa: E402
-from data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 from attnlab.decode import generate  # noqa: E402
 from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, hf_tokenizer, to_hf  # noqa: E402
+from data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import sample  # noqa: E402
+from scripts.export import export  # noqa: E402
 from train import train  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=4, n_embd=32, block_size=64, vocab_size=101)

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.export", "scripts.hellaswag",
@@ -15,7 +14,8 @@ ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.
 # the design card's entries, the shared library, the secondary commands, and the files every project has
 TOP_LEVEL = {"model.py", "train.py", "sample.py", "configs", "data", "attnlab", "scripts", "tests", "docs", "README.md",
              "LICENSE", "pyproject.toml", ".gitignore", ".ci"}
-OPTIONAL = {"transformers", "tokenizers", "wandb", "matplotlib"}  # imported where they are used, so the rest runs without them
+# imported where they are used, so the rest runs without them
+OPTIONAL = {"transformers", "tokenizers", "wandb", "matplotlib"}
 # imported where they are used, since they take a second of every run's start-up and only a sharded run needs them
 SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
 

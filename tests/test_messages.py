@@ -5,8 +5,8 @@ import pytest
 from hydra.errors import MissingConfigException
 
 import data.tokenizers as tokenizers
-from attnlab.config import ModelConfig, hydra_error_line, run_cli
 from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig, hydra_error_line, run_cli
 from attnlab.hf import to_hf
 
 

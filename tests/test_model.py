@@ -5,8 +5,17 @@ import pytest
 import torch
 
 import model as model_module
-from model import (CHUNKED_LOSS_VOCAB, GPT, GPTConfig, KVCache, RMSNorm, apply_rope, chunked_lm_loss, lm_loss,
-                   rope_tables)
+from model import (
+    CHUNKED_LOSS_VOCAB,
+    GPT,
+    GPTConfig,
+    KVCache,
+    RMSNorm,
+    apply_rope,
+    chunked_lm_loss,
+    lm_loss,
+    rope_tables,
+)
 
 POS = ["rope", "learned", "sinusoidal", "none"]
 ATTN = ["sdpa", "manual"]

@@ -3,10 +3,10 @@ import json
 from dataclasses import replace
 
 import torch
-
 from conftest import tiny_config
-from attnlab.record import RunLog, trim_metrics
+
 from attnlab.distributed import Processes
+from attnlab.record import RunLog, trim_metrics
 
 
 def test_trim_metrics_keeps_rows_up_to_the_checkpoint_and_drops_a_torn_line(tmp_path):

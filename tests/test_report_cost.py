@@ -7,9 +7,9 @@ import torch.nn.functional as F
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
+from attnlab.runtime import peak_bytes
 from model import KVCache, manual_attention
 from scripts.report import Context, cost
-from attnlab.runtime import peak_bytes
 
 CPU = torch.device("cpu")
 

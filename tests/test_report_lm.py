@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import compose, words_corpus
 
 from attnlab.checkpoint import build_model, save_checkpoint
 from attnlab.config import ModelConfig
-from conftest import compose, words_corpus
+from attnlab.record import RunLog, read_metrics
 from scripts.report import Context, lm
 from scripts.report.mechanism import gradient_paths
-from attnlab.record import RunLog, read_metrics
 from train import train
 
 TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,

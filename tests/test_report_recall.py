@@ -9,8 +9,18 @@ from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from model import KVCache
 from scripts.report import Context, recall, tasks
-from scripts.report.tasks import (Run, induction_batch, mixed_recall_batch, recall_batch, rnn_width, state_bytes,
-                          seed_grid, synthetic_models, train_synthetic, tune)
+from scripts.report.tasks import (
+    Run,
+    induction_batch,
+    mixed_recall_batch,
+    recall_batch,
+    rnn_width,
+    seed_grid,
+    state_bytes,
+    synthetic_models,
+    train_synthetic,
+    tune,
+)
 
 
 @settings(max_examples=25, deadline=None)

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, words_corpus
 from hydra.core.global_hydra import GlobalHydra
 
 import train as train_module
 from attnlab.config import run_cli
 from attnlab.record import read_metrics
-from conftest import REPO, words_corpus
 
 FIXTURE = REPO / "tests" / "fixtures" / "v0"
 # non-default model, data and optimizer choices, so that today's defaults would not fit the checkpoint

@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import compose, tiny_config
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, SampleConfig
-from conftest import compose, tiny_config
 from attnlab.rnn import RNN, RNNConfig, RNNState
 from sample import sample
 from train import train

@@ -11,13 +11,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, data_overrides, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
 import scripts.runs as runs_cli
-from attnlab.record import (RunLog, SweepSummary, compare_runs, find_runs, flatten, read_metrics, run_status, runs_table,
-                            short_value, summarize)
-from conftest import TINY, data_overrides, run_in_process, tiny_config
 from attnlab.distributed import Processes
+from attnlab.record import (
+    RunLog,
+    SweepSummary,
+    compare_runs,
+    find_runs,
+    flatten,
+    read_metrics,
+    run_status,
+    runs_table,
+    short_value,
+    summarize,
+)
 from train import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

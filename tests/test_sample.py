@@ -4,9 +4,9 @@ import io
 from dataclasses import replace
 
 import pytest
+from conftest import FakeClock, run_in_process, tiny_config
 
 from attnlab.config import ModelConfig, SampleConfig
-from conftest import FakeClock, run_in_process, tiny_config
 from sample import quote_prompts, sample
 from train import train
 

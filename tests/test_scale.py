@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import WORDS, run_in_process, run_script
+
 from data.corpus import load_meta, load_split
 from data.tokenizers import GPT2Tokenizer
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig
 from attnlab.scoring import full_score
+from model import GPT, GPTConfig
 
 
 def test_full_score_covers_every_token_once_with_its_block_as_context():

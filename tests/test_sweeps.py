@@ -5,12 +5,12 @@ import json
 
 import hydra
 import pytest
+from conftest import TINY, compose, data_overrides, run_in_process, run_script
 from omegaconf import OmegaConf
 
 from attnlab.config import CONFIG_DIR, register_configs
-from conftest import TINY, compose, data_overrides, run_in_process, run_script
-from data.corpus import prepare
 from attnlab.record import read_metrics
+from data.corpus import prepare
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason='pip install -e ".[sweeps]"')
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason='pip install -e ".[sweeps]"')

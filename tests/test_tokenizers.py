@@ -7,11 +7,11 @@ import json
 import pytest
 import tiktoken
 import tiktoken.load
+from conftest import CORPUS, SHARED_DATA
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import data.tokenizers as tokenizers
-from conftest import CORPUS, SHARED_DATA
 from data.tokenizers import EOT, GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 GPT2_FILE = SHARED_DATA / "gpt2.tiktoken"

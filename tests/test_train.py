@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY, FakeClock, data_overrides, run_in_process, tiny_config
 
 import train as train_module
 from attnlab.checkpoint import load_checkpoint, load_model
 from attnlab.config import ModelConfig
-from conftest import TINY, FakeClock, data_overrides, run_in_process, tiny_config
-from data.corpus import load_split
 from attnlab.record import read_metrics
-from data.tokenizers import load_tokenizer
 from attnlab.scoring import byte_counts, full_score
+from data.corpus import load_split
+from data.tokenizers import load_tokenizer
 from train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
