@@ -32,7 +32,7 @@ from attnlab.config import (
     CONFIG_DIR,
     Config,
     ModelConfig,
-    flat,
+    flatten,
     one_line_errors,
     register_configs,
     resume_config,
@@ -451,8 +451,8 @@ def keys_given(overrides, dict_cfg):
     if not groups:
         return keys
     plain = [text for text, o in zip(overrides, parsed) if o.key_or_group not in groups]
-    without = flat(OmegaConf.to_container(hydra.compose(config_name="config", overrides=plain), resolve=True))
-    asked = flat(OmegaConf.to_container(dict_cfg, resolve=True))
+    without = flatten(OmegaConf.to_container(hydra.compose(config_name="config", overrides=plain), resolve=True))
+    asked = flatten(OmegaConf.to_container(dict_cfg, resolve=True))
     return (keys - groups) | {key for key, value in asked.items() if without.get(key) != value}
 
 

@@ -233,12 +233,12 @@ FROZEN_ON_RESUME = ("model.", "data.name", "data.tokenizer", "data.bpe_vocab_siz
                     "data.val_fraction", "train.optimizer", "train.init_from")
 
 
-def flat(tree, prefix=""):
+def flatten(tree, prefix=""):
     """{"model": {"n_layer": 2}} as {"model.n_layer": 2}, the spelling of a command-line override."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -260,8 +260,8 @@ def resume_config(saved: dict, asked: dict, given: set[str]) -> tuple[Config, di
     lacks is dropped), plus the keys given on the command line now. A given key that cannot change mid-run and differs
     is refused, naming each one with its saved and asked value. Returns the config and {key: (saved, now)} for every
     key that changed."""
-    saved_flat = {**flat(asdict(Config())), **flat(saved)}
-    asked_flat = flat(asked)
+    saved_flat = {**flatten(asdict(Config())), **flatten(saved)}
+    asked_flat = flatten(asked)
     values = {key: saved_flat[key] for key in asked_flat}
     values["out_dir"] = asked_flat["out_dir"]
     values["train.resume"] = True

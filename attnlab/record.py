@@ -19,6 +19,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from tqdm import tqdm
 
+from attnlab.config import flatten
 from attnlab.runtime import git_commit
 
 STATUS_FILE = "status.json"
@@ -203,17 +204,6 @@ def summarize(run_dir):
             "tokens_per_sec": statistics.median(speeds) if speeds else None,
             "wall_s": rows[-1]["elapsed_s"] if rows else None,
             "val_curve": [(r["iter"], r["val_loss"]) for r in evals]}
-
-
-def flatten(config, prefix=""):
-    """{"model": {"n_layer": 2}} as {"model.n_layer": 2}, the spelling of a command-line override."""
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
 
 
 def differing_keys(rows):

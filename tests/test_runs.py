@@ -15,13 +15,13 @@ from conftest import TINY, data_overrides, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
 import scripts.runs as runs_cli
+from attnlab.config import flatten
 from attnlab.distributed import Processes
 from attnlab.record import (
     RunLog,
     SweepSummary,
     compare_runs,
     find_runs,
-    flatten,
     read_metrics,
     run_status,
     runs_table,
