@@ -40,7 +40,7 @@ def to_hf(model: GPT, out_dir, tokenizer=None):
     """Write model into out_dir as a Hugging Face GPT-2 (config.json, model.safetensors), and with tokenizer (one of
     data/tokenizers.py's) its tokenizer files, so that `pipeline("text-generation", out_dir)` needs nothing else."""
     if not isinstance(model, GPT):
-        raise ValueError(f"this run is a {model.config.type.upper()}, not a GPT; only a GPT trained with model=gpt2 "
+        raise ValueError(f"this run's model.type is {model.config.type}, not gpt; only a GPT trained with model=gpt2 "
                          "exports to GPT-2's format")
     c = model.config
     problems = gpt2_config_problems(c)

@@ -41,7 +41,7 @@ def test_other_runtime_errors_keep_their_traceback(monkeypatch):
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_exporting_an_rnn_run_says_only_a_gpt_exports(tmp_path, kind):
     model = build_model(ModelConfig(type=kind, n_layer=1, n_embd=8, vocab_size=10))
-    with pytest.raises(ValueError, match=f"^this run is a {kind.upper()}, not a GPT; only a GPT trained with "
+    with pytest.raises(ValueError, match=f"^this run's model.type is {kind}, not gpt; only a GPT trained with "
                                          "model=gpt2 exports"):
         to_hf(model, tmp_path / "hf")
 
