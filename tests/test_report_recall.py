@@ -148,9 +148,9 @@ def test_training_stops_at_the_target_accuracy_and_flags_a_capped_run(monkeypatc
 
 
 def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch):
-    selection = {1e-3: 0.5, 1e-2: 0.9, 3e-2: 0.7}  # the test set prefers 3e-2: it must not decide
-    test_score = {1e-3: 0.5, 1e-2: 0.6, 3e-2: 0.95}
-    steps = {1e-3: 7, 1e-2: 7, 3e-2: 7}
+    selection = {1e-3: 0.5, 1e-2: 0.9, 3e-2: 0.7, 9e-2: 0.8}  # the test set prefers 3e-2: it must not decide
+    test_score = {1e-3: 0.5, 1e-2: 0.6, 3e-2: 0.95, 9e-2: 0.1}
+    steps = {1e-3: 7, 1e-2: 7, 3e-2: 7, 9e-2: 7}
     trained = []
 
     def fake_train(cfg, make_batch, cap, lr, evals, device, seed=0, **options):
@@ -164,7 +164,7 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
 
     def grid(seeds, grid_seeds=1):
-        return tune(ctx, "recall", "gpt", None, None, list(selection), seeds, 7, {}, test, "width 64", grid_seeds)
+        return tune(ctx, "recall", "gpt", None, None, [1e-3, 1e-2, 3e-2], seeds, 7, {}, test, "width 64", grid_seeds)
 
     tuned = grid((0, 1, 2))
     assert trained == [(1e-3, 0), (1e-2, 0), (3e-2, 0), (1e-2, 1), (1e-2, 2)]
@@ -174,12 +174,13 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     assert len(points) == 3 * 5 and (3e-2, 0, "test accuracy t", 0.95) in points
     assert (1e-2, 2, "capped while improving (1 = yes)", 0) in points
     assert all(p["experiment"] == "recall" and p["setting"] == "width 64" and p["steps"] == 7 for p in ctx.grid)
-    # lrs that solve the task tie on accuracy; the faster one wins, here the grid's top, every point with two seeds
+    # lrs that solve the task tie on accuracy; the faster one wins, here the grid's top, every point with two seeds,
+    # so the grid widens to 9e-2, which does not solve: 3e-2 is then inside
     selection.update({1e-2: 0.996, 3e-2: 0.999})
     steps.update({1e-2: 300, 3e-2: 200})
     trained.clear()
     tuned = grid((0, 1), grid_seeds=2)
-    assert tuned.lr == 3e-2 and tuned.edge and len(trained) == 6
+    assert tuned.lr == 3e-2 and not tuned.edge and len(trained) == 8 and tuned.lrs == [1e-3, 1e-2, 3e-2, 9e-2]
     selection[3e-2] = 0.9  # short of stop_at: the lr that solves wins, however slow
     assert grid((0, 1), grid_seeds=2).lr == 1e-2
 
@@ -225,9 +226,10 @@ def test_recall_experiment_end_to_end(tiny_budget, monkeypatch):
     assert all(len(accuracy[name].split(" / ")) == 3 for name in ("gpt", "lstm"))
     assert "chance (1/pairs) 50.0 / 25.0 / 12.5" in accuracy["note"]
     assert any(m.startswith("narrowest width") for m in rows)
-    # the grid: 2 lrs at each reference width, the chosen one again with seed 1, each other width with both seeds
+    # the grid: 2 lrs at each reference width (more where an end won), the chosen one again with seed 1, each other
+    # width with both seeds
     runs = {(p["model"], p["setting"], p["lr"], p["seed"]) for p in ctx.grid}
-    assert len(runs) == 2 * (2 + 1 + 2) and len(ctx.grid) == len(runs) * (1 + 3 + 1)  # selection, 3 tests, capped
+    assert len(runs) >= 2 * (2 + 1 + 2) and len(ctx.grid) == len(runs) * (1 + 3 + 1)  # selection, 3 tests, capped
     assert {s for m, s, _, _ in runs if m == "gpt"} == {"width 64", "width 16"}
 
 
@@ -238,7 +240,7 @@ def test_induction_experiment_end_to_end(tiny_budget):
     accuracy, attention = ctx.rows
     assert accuracy["experiment"] == attention["experiment"] == "induction" and "lr " in accuracy["note"]
     assert attention["gpt"].count("%") == 2
-    assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) == 2 * 3
+    assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) >= 2 * 3  # 2 lrs, the best again, widened
 
 
 def test_seed_grid_trains_the_grid_then_the_chosen_lr_with_the_other_seeds():
@@ -248,7 +250,19 @@ def test_seed_grid_trains_the_grid_then_the_chosen_lr_with_the_other_seeds():
         calls.append((lr, seed))
         return {"lr": lr, "seed": seed, "score": -abs(lr - 2) + seed}
 
-    best, grid, runs = seed_grid(fit, [1, 2, 3], [0, 1, 2], 1, lambda runs: sum(r["score"] for r in runs))
-    assert best == 2 and set(grid) == {(1, 0), (2, 0), (3, 0)}
+    best, lrs, grid, runs = seed_grid(fit, [1, 2, 3], [0, 1, 2], 1, lambda runs: sum(r["score"] for r in runs))
+    assert best == 2 and lrs == [1, 2, 3] and set(grid) == {(1, 0), (2, 0), (3, 0)}
     assert calls == [(1, 0), (2, 0), (3, 0), (2, 1), (2, 2)]  # the grid's own seed-0 run is reused, not retrained
     assert [runs[s]["seed"] for s in (0, 1, 2)] == [0, 1, 2] and runs[0] is grid[2, 0]
+
+
+def test_seed_grid_widens_past_an_end_that_wins_until_the_best_is_inside():
+    def fit(lr, seed):
+        return {"lr": lr, "score": -abs(lr - 20)}  # best at 20, beyond the grid's top end 4
+
+    best, lrs, grid, runs = seed_grid(fit, [1, 2, 4], [0, 1], 1, lambda runs: runs[0]["score"])
+    assert lrs == [1, 2, 4, 8, 16, 32] and best == 16  # two steps of x2 past 4, then 32 shows 16 is inside
+    best, lrs, _, _ = seed_grid(fit, [1, 2, 4], [0], 1, lambda runs: runs[0]["score"], widen=1)
+    assert lrs == [1, 2, 4, 8] and best == 8  # out of steps: still at the end, which the caller reports
+    best, lrs, _, _ = seed_grid(lambda lr, seed: {"score": -lr}, [0.3, 1, 3], [0], 1, lambda runs: runs[0]["score"])
+    assert lrs == [0.0081, 0.027, 0.09, 0.3, 1, 3] and best == 0.0081  # downwards too, x 0.3 a step

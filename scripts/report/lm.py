@@ -131,8 +131,9 @@ def tune(ctx, summary, name):
     lrs, setting = budget["lrs"][name], f"context={summary['block_size']}"
     def mean_select(runs):
         return float(np.mean([run["select"] for run in runs]))
-    best, grid, runs = seed_grid(lambda lr, seed: fit(ctx, summary, "lm", name, setting, [], lr, seed), lrs,
-                                 list(range(budget["seeds"])), budget["grid_seeds"], lambda runs: -mean_select(runs))
+    best, lrs, grid, runs = seed_grid(lambda lr, seed: fit(ctx, summary, "lm", name, setting, [], lr, seed), lrs,
+                                      list(range(budget["seeds"])), budget["grid_seeds"],
+                                      lambda runs: -mean_select(runs))
     grid_seeds = range(budget["grid_seeds"])
     selection = [(lr, mean_select([grid[lr, seed] for seed in grid_seeds])) for lr in lrs]
     return dict(lr=best, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)), grid=selection, runs=list(runs.values()))

@@ -147,12 +147,14 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
 
 @dataclass
 class Tuned:
-    """A model's grid: the lr chosen on the selection set, whether it sits at an end of the grid (the best may lie
-    beyond it), the runs at that lr, one per seed, and the seconds every run of the grid took together."""
+    """A model's grid: the lr chosen on the selection set, whether it still sits at an end of the grid after
+    widening (the best may lie beyond it), the runs at that lr, one per seed, the seconds every run of the grid took
+    together and the lrs tried."""
     lr: float
     edge: bool
     runs: dict  # seed -> Run
     seconds: float
+    lrs: list  # the grid as tried, widened past an end that won
 
 
 def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1, **train):
@@ -177,15 +179,28 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
         solved = sum(run.solved for run in runs)
         return solved, -sum(run.steps for run in runs) if solved == len(runs) else sum(run.select for run in runs)
 
-    best, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit)
+    best, lrs, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit)
     seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
-    return Tuned(best, len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds)
+    return Tuned(best, len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs)
 
 
-def seed_grid(fit, lrs, seeds, grid_seeds, merit):
+def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3):
     """The report's tuning protocol, for every trained comparison: fit(lr, seed) at every lr with the first
-    grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. Returns the
-    lr, the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
+    grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. While the
+    best sits at an end of the grid, the grid grows one step past that end (the ratio of its last two points), at
+    most widen times, so the chosen lr lies strictly inside what was tried whenever that can be shown. Returns the
+    lr, the lrs tried (sorted), the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
+    lrs = sorted(lrs)
     grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
-    best = max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
-    return best, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}
+    def choose():
+        return max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
+    best = choose()
+    for _ in range(widen if len(lrs) > 1 else 0):
+        if best not in (lrs[0], lrs[-1]):
+            break
+        lr = lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]
+        lr = float(f"{lr:.3g}")
+        grid |= {(lr, seed): fit(lr, seed) for seed in seeds[:grid_seeds]}
+        lrs = sorted([*lrs, lr])
+        best = choose()
+    return best, lrs, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}
