@@ -8,8 +8,8 @@
     cost.py       training throughput against length and batch, long-context time and memory, generation
 
 Each experiment is a function of a Context: it appends rows to the results table (ctx.row), every trained grid
-point to the grid table (ctx.grid_point) and saves its figures (ctx.save), each figure labelled with its models,
-budget and hardware.
+point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs
+(ctx.verdict) and saves its figures (ctx.save), each figure labelled with its models, budget and hardware.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,12 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed reports: quick/ and full/
 SCRATCH = Path("out/report")  # where a partial run (--only) writes unless told otherwise (git-ignored)
 RUNS = Path("out/compare")  # training runs the report makes (git-ignored); later experiments reuse them
+REASONS = {  # the three reasons history gives for attention replacing recurrence; each verdict row is about one
+    "a": "training runs parallel over the sequence on parallel hardware",
+    "b": "better use of long context, and better loss per unit of compute as models and data grow",
+    "c": "content-based retrieval (associative recall, induction)",
+}
+STATUSES = ("shown here", "not shown here", "contradicted here")
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Context:
     text_run: str | None = None  # the run folder whose GPT the text experiment reads (None: the lm experiment's)
     rows: list = field(default_factory=list)
     grid: list = field(default_factory=list)
+    verdicts: list = field(default_factory=list)
 
     def row(self, experiment, measure, gpt, lstm, note=""):
         self.rows.append(dict(experiment=experiment, measure=measure, gpt=gpt, lstm=lstm, note=note))
@@ -43,6 +50,13 @@ class Context:
         """One trained configuration, kept whether or not it was the best: the whole grid is part of the receipt."""
         self.grid.append(dict(experiment=experiment, model=model, setting=setting, lr=lr, seed=seed, steps=steps,
                               seconds=round(seconds, 1), metric=metric, value=value))
+
+    def verdict(self, experiment, reason, evidence, status):
+        """What experiment decides about reason (a key of REASONS): evidence is the deciding number in words, status
+        one of STATUSES, chosen by the code from the measured numbers, never written in advance."""
+        if reason not in REASONS or status not in STATUSES:
+            raise ValueError(f"reason {reason!r} / status {status!r}: pick from {list(REASONS)} / {STATUSES}")
+        self.verdicts.append(dict(experiment=experiment, reason=reason, evidence=evidence, status=status))
 
     def save(self, fig, name, detail):
         """Every figure carries its models, budget and hardware, so a PNG read alone is still a receipt."""
