@@ -4,11 +4,13 @@ tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
 import json
 import sys
 
+import pytest
 import torch
 
 import scripts.report.__main__ as report_cli
 from attnlab.config import ModelConfig
 from model import GPT
+from scripts.report import Context
 from scripts.report.mechanism import autograd_depth, max_hops
 
 
@@ -42,3 +44,23 @@ def test_a_partial_run_writes_each_preset_to_a_scratch_folder(tmp_path, monkeypa
         assert not (tmp_path / "results").exists()
         runs = json.loads((tmp_path / "out" / "report" / folder / "runs.json").read_text())
         assert runs["scaling"]["preset"] == ("full" if flags else "quick")
+
+
+def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(report_cli, "EXPERIMENTS", dict(recall=None, lm=None, sizes=None, throughput=None))
+    ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
+    ctx.verdict("recall", "c", "GPT 100% vs LSTM 6% at 16 pairs", "shown here")
+    ctx.verdict("lm", "b", "gap 0.1 nats", "shown here")
+    report_cli.write_report(ctx, ["recall", "lm"], {"recall": 1.0, "lm": 2.0})
+    later = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")  # only sizes runs again
+    later.verdict("sizes", "b", "gap flat", "not shown here")
+    report_cli.write_report(later, ["sizes"], {"sizes": 3.0})
+    table = (tmp_path / "results.md").read_text().split("\n\n")[2].splitlines()
+    assert len(table) == 2 + 3 and table[2].startswith("| (a)")
+    assert "no experiment of this run" in table[2] and "**not run**" in table[2]
+    assert "lm: gap 0.1 nats; sizes: gap flat" in table[3]
+    assert "**shown here (lm); not shown here (sizes)**" in table[3]  # the experiments disagree: each is named
+    assert table[4].endswith("| recall: GPT 100% vs LSTM 6% at 16 pairs | **shown here** |")
+    with pytest.raises(ValueError, match="pick from"):
+        ctx.verdict("lm", "b", "x", "proved")
+    ctx.verdict("lm", "a", "x", "not shown here (needs a GPU)")  # a reason in brackets is allowed

@@ -53,8 +53,9 @@ class Context:
 
     def verdict(self, experiment, reason, evidence, status):
         """What experiment decides about reason (a key of REASONS): evidence is the deciding number in words, status
-        one of STATUSES, chosen by the code from the measured numbers, never written in advance."""
-        if reason not in REASONS or status not in STATUSES:
+        one of STATUSES, optionally followed by " (why)", e.g. "not shown here (needs a GPU)", chosen by the code
+        from the measured numbers, never written in advance."""
+        if reason not in REASONS or status.split(" (")[0] not in STATUSES:
             raise ValueError(f"reason {reason!r} / status {status!r}: pick from {list(REASONS)} / {STATUSES}")
         self.verdicts.append(dict(experiment=experiment, reason=reason, evidence=evidence, status=status))
 

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from attnlab.runtime import hardware_name, pick_device
-from scripts.report import RESULTS, SCRATCH, Context
+from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_lm, exp_positions, exp_window
 from scripts.report.mechanism import exp_paths, exp_scaling
@@ -35,6 +35,7 @@ EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, induction=exp_inducti
                    generation=exp_generation)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
+VERDICT_FIELDS = ["experiment", "reason", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
 
 
 def merge_csv(path, fields, new_rows, replaced):
@@ -49,12 +50,28 @@ def merge_csv(path, fields, new_rows, replaced):
     return rows
 
 
+def verdict_table(verdicts):
+    """One row per reason: every experiment's deciding number, and the verdict, which is the experiments' common
+    status, or each experiment's own when they disagree (a reason no experiment ran on is said so)."""
+    lines = ["| reason attention replaced RNNs | the deciding numbers | verdict |", "|---|---|---|"]
+    for key, reason in REASONS.items():
+        found = [v for v in verdicts if v["reason"] == key]  # in EXPERIMENTS order, as merge_csv sorts
+        evidence = "; ".join(f"{v['experiment']}: {v['evidence']}" for v in found) or "no experiment of this run"
+        statuses = {v["status"] for v in found}
+        status = (next(iter(statuses)) if len(statuses) == 1 else
+                  "; ".join(f"{v['status']} ({v['experiment']})" for v in found) if found else "not run")
+        lines.append(f"| ({key}) {reason} | {evidence} | **{status}** |")
+    return lines
+
+
 def write_report(ctx, ran, seconds):
-    """Merge this run's rows into results.csv (keeping other experiments' rows), then rewrite results.md."""
+    """Merge this run's rows into results.csv (keeping other experiments' rows), then rewrite results.md, which opens
+    with the verdict on the three reasons."""
     csv_path, runs_path = ctx.out / "results.csv", ctx.out / "runs.json"
     replaced = set(ran) | {r["experiment"] for r in ctx.rows}  # paths may have run lm for its models
     rows = merge_csv(csv_path, RESULT_FIELDS, ctx.rows, replaced)
     merge_csv(ctx.out / "grid.csv", GRID_FIELDS, ctx.grid, replaced)
+    verdicts = merge_csv(ctx.out / "verdicts.csv", VERDICT_FIELDS, ctx.verdicts, replaced)
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
     for name in ran:
         runs[name] = dict(seconds=round(seconds[name]), preset=ctx.preset, hardware=ctx.hardware,
@@ -63,14 +80,16 @@ def write_report(ctx, ran, seconds):
     table = ["| experiment | measure | GPT (attention) | LSTM (recurrence) | note |", "|---|---|---|---|---|"]
     table += [f"| {r['experiment']} | {r['measure']} | {r['gpt']} | {r['lstm']} | {r['note']} |" for r in rows]
     lines = ["# Attention vs recurrence, measured", "",
-             "Written by `python -m scripts.report`; every number below comes from the run listed under it.", "",
-             *table, "", "| experiment | preset | wall time | hardware | torch | date |", "|---|---|---|---|---|---|",
+             "Written by `python -m scripts.report`; every number below comes from the run listed under it. "
+             f"A verdict is one of: {', '.join(STATUSES)}, chosen by each experiment's code from its numbers.", "",
+             *verdict_table(verdicts), "", *table, "",
+             "| experiment | preset | wall time | hardware | torch | date |", "|---|---|---|---|---|---|",
              *[f"| {n} | {r['preset']} | {r['seconds']} s | {r['hardware']} | {r['torch']} | {r['date']} |"
                for n, r in sorted(runs.items(), key=lambda kv: list(EXPERIMENTS).index(kv[0]))],
              "", "Figures: " + ", ".join(f"[{p.name}]({p.name})" for p in sorted(ctx.out.glob("*.png"))),
              "Complexity table by sequence length: [paths.md](paths.md)." if (ctx.out / "paths.md").exists() else ""]
     (ctx.out / "results.md").write_text("\n".join(lines).rstrip() + "\n")
-    print("\n".join(table))
+    print("\n".join(verdict_table(verdicts) + [""] + table))
 
 
 def main():
