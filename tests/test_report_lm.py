@@ -120,7 +120,7 @@ def test_lm_positions_and_window_end_to_end(tiny_report, monkeypatch):
     assert any(m.startswith("tokens seen in") for m in rows)
     positions_row = rows["test loss at positions 1-8 / 9-16"]
     assert len(positions_row["gpt"].split(" / ")) == 2 and "detectable" in positions_row["note"]
-    assert "too short" in rows["loss change from positions 65-128 to 129-16"]["note"]
+    assert "too short" in rows["loss change past position 128"]["note"]
     [verdict] = ctx.verdicts
     assert (verdict["experiment"], verdict["reason"]) == ("lm", "b") and "equal wall time" in verdict["evidence"]
     positions = rows_of(ctx, "positions")

@@ -42,18 +42,19 @@ from scripts.report.tasks import rnn_width, seed_grid
 # tuned lr); grid_seeds: the seeds every grid point is trained with, seeds: those the chosen lr is trained with;
 # evals, eval_iters: train.py's val estimates per step cap and batches per estimate (the curves); select_windows,
 # test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
-# Run counts (3 seeds): lm 10 at equal tokens + 13 at equal time, positions 9, window 3 per size; sized from one run's
-# time on 2 threads (quick: the GPT ~9 s of training and ~8 s of start-up and scoring a run; full: ~70 s and ~12 s).
+# Run counts (3 seeds): lm 10 at equal tokens + 13 at equal time, positions 9, window 3 per size, about 35 in all;
+# sized from one run's time on 2 threads (the GPT's training, quick ~9 s, full ~67 s; start-up and scoring ~9 s and
+# ~16 s a run): about 9 min for the quick preset's lm, positions and window, 48 min for the full one's.
 # 8 x 256 tokens a step is train.py's default 16 x 128. The full grids are centred on the last full run's choices
 # (GPT 2e-3, LSTM 2e-2 at the old grids' ends); seed_grid widens any grid whose best is at an end.
 BUDGET = {
     "quick": dict(gpt=["model.n_layer=2", "model.n_head=2", "model.n_embd=64"], block_size=256, batch_size=8,
                   steps=128, lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]),
-                  muon_lrs=dict(gpt=[0.01, 0.02, 0.04], lstm=[0.01, 0.02, 0.04]), grid_seeds=1, seeds=3, evals=8,
+                  muon_lrs=dict(gpt=[0.01, 0.02, 0.04], lstm=[0.01, 0.02, 0.04]), grid_seeds=1, seeds=3, evals=4,
                   eval_iters=4, select_windows=128, test_windows=512, windows=[64]),
     "full": dict(gpt=["model.n_embd=128"], block_size=256, batch_size=8, steps=250, lrs=dict(gpt=[1e-3, 2e-3, 4e-3],
                  lstm=[1e-2, 2e-2, 4e-2]), muon_lrs=dict(gpt=[0.01, 0.02, 0.04], lstm=[0.01, 0.02, 0.04]),
-                 grid_seeds=1, seeds=3, evals=8, eval_iters=4, select_windows=256, test_windows=None, windows=[64]),
+                 grid_seeds=1, seeds=3, evals=4, eval_iters=4, select_windows=256, test_windows=None, windows=[64]),
 }
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
 PLATEAU_NATS = 0.01  # a run whose val loss fell by more than this over its last quarter was still improving at the end
@@ -112,7 +113,7 @@ def lm_rows(ctx, summary, curves):
     ctx.row("lm", "test loss at positions " + " / ".join(f"{a}-{b}" for a, b in bins), at(curves["gpt"]),
             at(curves["lstm"]), f"equal tokens; {seeds_note(summary)}; the test half in windows of {T}, the same for "
             f"both models; " + "; ".join(f"{name}: {position_note(curves[name], bins)}" for name in curves))
-    ctx.row("lm", f"loss change from positions 65-128 to 129-{T}",
+    ctx.row("lm", f"loss change from positions 65-128 to 129-{T}" if T >= 256 else "loss change past position 128",
             *(f"{change(curves[name], (65, 128), (129, T))[0]:+.3f}" if T >= 256 else "-" for name in curves),
             kaplan_note(curves, T))
 
@@ -473,9 +474,10 @@ def lm_detail(summary):
     seeds = summary["grid_seeds"]
     return (f"corpus {summary['corpus']}; {gpt['desc']} ({gpt['params']:,} params, lr {gpt['lr']:g}) vs {lstm['desc']} "
             f"({lstm['params']:,}, lr {lstm['lr']:g});\ncontext {summary['block_size']}, {summary['steps']} steps x "
-            f"{summary['batch_size']} sequences for both, AdamW fp32, warmup + cosine to lr/10; lr grid with seed"
-            f"{'s 0-' + str(seeds - 1) if seeds > 1 else ' 0'}, chosen on the val split's 1st half, then seeds "
-            f"{seeds_range(summary)} at it; losses on the 2nd half; min-max over seeds")
+            f"{summary['batch_size']} sequences for both, AdamW fp32, warmup + cosine to lr/10; equal time "
+            f"{summary['budget_s']:g} s: gpt {summary['best_time']['gpt']}, lstm {summary['best_time']['lstm']};\n"
+            f"lr grid with seed{'s 0-' + str(seeds - 1) if seeds > 1 else ' 0'}, chosen on the val split's 1st half, "
+            f"then seeds {seeds_range(summary)} at it; losses on the 2nd half; min-max over seeds")
 
 
 def exp_positions(ctx):
