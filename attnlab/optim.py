@@ -1,5 +1,5 @@
 """The parts of a training step that train.py, scripts/report and scripts/bench.py share: the optimizers (AdamW, and
-Muon for the blocks' matrices), the lr schedule (linear warmup, then cosine), one step.
+Muon for the hidden matrices), the lr schedule (linear warmup, then cosine), one step.
 
     optimizer = make_optimizer(model, cfg.train, device)
     set_lr(optimizer, get_lr(it, cfg.train))
@@ -40,13 +40,14 @@ def set_lr(optimizer, lr):
 
 
 def make_optimizer(model, t: TrainConfig, device):
-    """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the blocks'
-    matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers");
-    embeddings, the head and the gains stay on AdamW, as Muon's authors advise."""
+    """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the hidden
+    matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers"):
+    a GPT's blocks' matrices, an RNN's input and recurrent weights (attnlab/rnn.py's rnn.weight_ih_l*, weight_hh_l*);
+    embeddings, the head and the gains and biases stay on AdamW, as Muon's authors advise."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
-    def on_muon(name, p):  # a matrix inside a block
-        return t.optimizer == "muon" and p.dim() == 2 and name.startswith("transformer.h.")
+    def on_muon(name, p):  # a matrix inside a block or a recurrent layer
+        return t.optimizer == "muon" and p.dim() == 2 and name.startswith(("transformer.h.", "rnn.weight_"))
 
     hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
