@@ -102,7 +102,7 @@ class TrainConfig(RuntimeConfig):
     resume: bool = False  # continue from out_dir/ckpt.pt
     init_from: str | None = None  # fine-tune GPT-2: gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a save_pretrained dir
     skip_nonfinite: bool = False  # skip a step whose loss is nan/inf (no update; counted, logged) instead of stopping
-    optimizer: str = "muon"  # muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains) | adamw
+    optimizer: str = "muon"  # muon (Muon for the GPT blocks' and the RNN's matrices, AdamW for the rest) | adamw
     muon_lr: float = 0.02  # Muon's peak learning rate; it follows learning_rate's warmup and decay
     muon_momentum: float = 0.85  # Muon's (Nesterov) momentum
     time_budget_s: float = 0.0  # stop after this many seconds of training, the lr decaying over them; 0 = off
