@@ -23,11 +23,12 @@ PROCESSORS = 1024  # the work-span model's processor count
 GPT_LAYERS, HEAD_SIZE = 4, 64  # the throughput GPT at every width: 4 blocks, heads of 64 as in GPT-2
 BUDGET = {
     # throughput: a training step of `tokens` tokens (batch tokens / T) at every (width, T), on `threads` threads,
-    # `repeats` alternating timed rounds after a warm-up each (d=64: where CPU kernels are overhead-bound).
+    # `repeats` alternating timed rounds after a warm-up each; the full preset adds d=64, where CPU kernels are
+    # overhead-bound, to show the ratio's trend with width (docs/report.md has the step-count estimate)
     # long: one layer's forward and backward at each length, `long_rounds` rounds; a path stops where growth as T²
     # from its last point predicts more than memory_cap bytes or time_cap_s seconds per call.
     # generation: new_tokens decoded (median per token) after each of the contexts
-    "quick": dict(widths=(64, 256, 512), lengths=(64, 256, 1024), tokens=4096, threads=2, repeats=2,
+    "quick": dict(widths=(256, 512), lengths=(64, 256, 1024), tokens=4096, threads=2, repeats=2,
                   long_lengths=(256, 512, 1024, 2048, 4096, 8192), long_rounds=3, memory_cap=2 * 2**30, time_cap_s=10,
                   contexts=(64, 256, 1024, 4096), new_tokens=32),
     "full": dict(widths=(64, 256, 512), lengths=(64, 128, 256, 512, 1024), tokens=8192, threads=2, repeats=3,
@@ -48,7 +49,8 @@ def throughput_models(width, block_size):
 
 
 def shape(cfg):
-    return f"{cfg.n_layer}x{cfg.n_embd}" + (f" ({cfg.n_head} heads)" if cfg.type == "gpt" else "")
+    heads = f" ({cfg.n_head} head{'s' * (cfg.n_head > 1)})" if cfg.type == "gpt" else ""
+    return f"{cfg.n_layer}x{cfg.n_embd}{heads}"
 
 
 def length_axis(ax, lengths, label):
