@@ -68,3 +68,20 @@ def test_without_cuda_it_asks_for_smoke(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         gpu.main([])
     assert "--smoke" in capsys.readouterr().err
+
+
+def test_learning_rates_come_from_the_last_cpu_lm_experiment_where_there_is_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert gpu.learning_rates()[0] == gpu.LRS
+    summary = tmp_path / "out" / "compare" / "lm" / "summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps(dict(preset="full", gpt=dict(lr=1e-3), lstm=dict(lr=5e-3))))
+    assert gpu.learning_rates() == (dict(gpt=1e-3, lstm=5e-3), "out/compare/lm/summary.json (full)")
+
+
+def test_help_says_what_it_does(capsys):
+    with pytest.raises(SystemExit) as exit:
+        gpu.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # as argparse wraps it
+    assert exit.value.code == 0 and "on one GPU, in under 8 minutes" in out
+    assert "--deadline-s" in out and "--smoke" in out
