@@ -32,6 +32,7 @@ from attnlab.optim import train_step
 from attnlab.record import read_metrics
 from attnlab.runtime import alternate, autocast, configure, hardware_name
 from data.corpus import load_meta, prepare
+from scripts.report.cost import length_axis
 from scripts.report.lm import ROOT, lm_summary
 from scripts.report.tasks import rnn_width
 
@@ -164,7 +165,7 @@ def lm_runs(sizes, device, data_path, out, deadline, results):
                      f"train.time_budget_s={sizes['lm_seconds']}", "train.max_iters=1000000",
                      f"train.warmup_iters={sizes['lm_warmup']}", f"train.batch_size={sizes['lm_batch']}",
                      f"train.eval_interval={sizes['lm_eval_interval']}", f"train.eval_iters={sizes['lm_eval_iters']}",
-                     "train.seed=0", f"out_dir={run_dir}"]
+                     "train.checkpoint_interval=1000000", "train.seed=0", f"out_dir={run_dir}"]
         code = train_run(overrides)
         evals = read_metrics(run_dir, "eval") if code == 0 else []
         if not evals:
@@ -201,13 +202,20 @@ def write(out, results):
         for r in results["lm"]:
             if r["model"] == name:
                 b.plot(*zip(*r["curve"]), "o-", color=color, label=f"{name}, {r['tokens']:,} tokens")
-    a.set(xlabel="sequence length T", ylabel="training tokens / s", title="throughput, bf16 autocast")
+    if results["throughput"]:
+        length_axis(a, sorted({r["T"] for r in results["throughput"]}), "sequence length T")
+    a.set(ylabel="training tokens / s", title="throughput, bf16 autocast")
     b.set(xlabel="seconds trained", ylabel="val loss", title="equal wall clock (train.py)")
     for ax in (a, b):
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.text(0.01, -0.02, f"{results['hardware']}; python -m scripts.report.gpu{' --smoke' * results['smoke']}\n"
-             f"{results['note']}", fontsize=7, color="dimgray", va="top")
+    models = " vs ".join(f"{name.upper()} {m['shape']} ({m['params']:,} params)"
+                         for name, m in results.get("models", {}).items())
+    fig.text(0.01, -0.02, f"{models}, heads tied; {results['sizes']['tokens']:,} tokens per step, median of "
+             f"{results['sizes']['rounds']} alternating steps after {results['sizes']['warmup']}; LM runs: "
+             f"{results['sizes']['lm_seconds']} s each, AdamW at fixed lrs\n{results['hardware']}; python -m "
+             f"scripts.report.gpu{' --smoke' * results['smoke']}; {results['note']}", fontsize=7, color="dimgray",
+             va="top")
     fig.savefig(out / "gpu.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
 
