@@ -2,6 +2,8 @@
 restored), the FLOP counts against a formula written out, the work-span model and the verdict on fake numbers, the
 autograd depths, the peak-memory measure against allocations of known size, and the KV cache's bytes. No wall-clock
 asserts."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,8 +68,36 @@ def test_verdict_is_shown_only_where_the_gpt_is_faster_at_every_realistic_point(
     assert "0.50-0.80 (min-max over 2 (d, T) points; the GPT faster at 2)" in evidence and "= 0.40" in evidence
     evidence, status = cost.throughput_verdict({(256, 64): 1.6, (512, 1024): 0.9}, 0.4, "d=512, T=1024")
     assert status == "not shown here"  # a 2-thread CPU is not the parallel hardware: never "contradicted"
-    assert "the GPT faster at 1" in evidence and "python -m scripts.report.gpu" in evidence
+    assert "the GPT faster at 1" in evidence
     assert cost.throughput_verdict({(256, 64): 2.0}, 3.0, "x")[1] == "not shown here"
+
+
+def gpu_results(**rates):
+    """A gpu.py results.json's fields from {model_T: tokens/s}, e.g. gpt_256=1e6."""
+    throughput = [dict(model=key.split("_")[0], T=int(key.split("_")[1]), tokens_per_s=v) for key, v in rates.items()]
+    return dict(hardware="GPU test", date="2026-12-02", smoke=False, note="checked on a GPU", throughput=throughput)
+
+
+def test_a_gpu_run_decides_both_ways_and_a_partial_one_stays_undecided():
+    shown = cost.gpu_verdict(gpu_results(gpt_256=2e6, lstm_256=1e6, gpt_4096=3e6, lstm_4096=1e5), "cpu numbers")
+    assert shown[1] == "shown here" and "0.03-0.50 (min-max over 2 lengths; the GPT faster at 2; checked" in shown[0]
+    assert "on this CPU: cpu numbers" in shown[0]
+    assert cost.gpu_verdict(gpu_results(gpt_256=1e6, lstm_256=2e6), "")[1] == "contradicted here"  # parallel hardware
+    assert cost.gpu_verdict(gpu_results(gpt_256=1e6, lstm_256=2e6, gpt_512=2e6, lstm_512=1e6), "")[1] == (
+        "not shown here")
+
+
+def test_throughput_reads_a_gpu_run_but_not_a_smoke_one(tmp_path, monkeypatch):
+    ctx = tiny_context(tmp_path, monkeypatch, widths=(256,), lengths=(8,), tokens=8, threads=1, repeats=1)
+    monkeypatch.setattr(cost, "GPU_RESULTS", tmp_path / "results.json")
+    cost.GPU_RESULTS.write_text(json.dumps({**gpu_results(gpt_256=2e6, lstm_256=1e6), "smoke": True}))
+    cost.exp_throughput(ctx)
+    assert "GPU test" not in ctx.verdicts[-1]["evidence"]
+    if ctx.verdicts[-1]["status"] == "not shown here":
+        assert ctx.verdicts[-1]["evidence"].endswith("needs a GPU: python -m scripts.report.gpu")
+    cost.GPU_RESULTS.write_text(json.dumps(gpu_results(gpt_256=2e6, lstm_256=1e6)))
+    cost.exp_throughput(ctx)
+    assert ctx.verdicts[-1]["status"] == "shown here" and "measured on GPU test" in ctx.verdicts[-1]["evidence"]
 
 
 def test_peak_bytes_sees_a_known_allocation():
