@@ -1,7 +1,10 @@
-"""What each model costs: training throughput against length, batch and threads; one layer's time and memory at long
-contexts, beside the remedies (fused kernels, a sliding window); decoding time and memory."""
+"""What each model costs: training throughput against length at realistic widths, with a work-span model of the same
+on parallel hardware; one layer's time and memory at long contexts, beside the remedies (fused kernels, a sliding
+window); decoding time and memory. scripts/report/gpu.py measures the throughput on a GPU."""
+import json
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
@@ -12,33 +15,46 @@ from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.optim import train_step
 from attnlab.runtime import alternate, peak_bytes
-from model import CausalSelfAttention, GPTConfig, KVCache
-from scripts.report.tasks import lstm_preset, rnn_width, synthetic_models
+from model import GPT, CausalSelfAttention, GPTConfig, KVCache
+from scripts.report.mechanism import autograd_depth
+from scripts.report.tasks import lstm_preset, rnn_width
 
 VOCAB = 96  # the stdlib corpus's characters
 WINDOW = 256  # the windowed GPT's window in long and generation: each query sees itself and 255 tokens before it
 PROCESSORS = 1024  # the work-span model's processor count
+GPT_LAYERS, HEAD_SIZE = 4, 64  # the throughput GPT at every width: 4 blocks, heads of 64 as in GPT-2
 BUDGET = {
-    # throughput: a training step at every (batch, length, threads), `repeats` timed rounds after a warm-up each.
+    # throughput: a training step of `tokens` tokens (batch tokens / T) at every (width, T), on `threads` threads,
+    # `repeats` alternating timed rounds after a warm-up each; the full preset adds d=64, where CPU kernels are
+    # overhead-bound, to show the ratio's trend with width. Sized by FLOPs per step (flops_per_token x tokens, both
+    # models, every call) at 80 GFLOP/s on 2 threads: about 2 min quick, 8 min full
     # long: one layer's forward and backward at each length, `long_rounds` rounds; a path stops where growth as T²
     # from its last point predicts more than memory_cap bytes or time_cap_s seconds per call.
     # generation: new_tokens decoded (median per token) after each of the contexts
-    "quick": dict(batches=(1, 8, 32), lengths=(64, 256, 1024), threads=(1, 2), repeats=3,
+    "quick": dict(widths=(256, 512), lengths=(64, 256, 1024), tokens=4096, threads=2, repeats=2,
                   long_lengths=(256, 512, 1024, 2048, 4096, 8192), long_rounds=3, memory_cap=2 * 2**30, time_cap_s=10,
                   contexts=(64, 256, 1024, 4096), new_tokens=32),
-    "full": dict(batches=(1, 8, 32, 128), lengths=(64, 128, 256, 512, 1024), threads=(1, 2), repeats=5,
+    "full": dict(widths=(64, 256, 512), lengths=(64, 128, 256, 512, 1024), tokens=8192, threads=2, repeats=3,
                  long_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384), long_rounds=5, memory_cap=8 * 2**30,
                  time_cap_s=60, contexts=(64, 256, 1024, 4096, 16384), new_tokens=64),
 }
+REALISTIC = 256  # the narrowest width the verdict reads: below it the CPU's kernels are overhead-bound
+GPU_RESULTS = Path("out/report/gpu/results.json")  # python -m scripts.report.gpu's default output, where it has run
 
 
-def throughput_models(block_size):
-    """The synthetic tasks' 2 x 64 GPT and the 2-layer LSTM of its size, both with the head tied to the embedding as
-    train.py's default GPT has it: the two differ in their layers only."""
-    gpt = replace(synthetic_models(VOCAB, block_size)["gpt"], tie_weights=True)
-    width = rnn_width(build_model(gpt).num_params(), VOCAB, tied=True)
+def throughput_models(width, block_size):
+    """A GPT of GPT_LAYERS blocks of `width` and the 2-layer LSTM of its size (rnn_width), both with the head tied to
+    the embedding as train.py's default GPT has it: the two differ in their layers only."""
+    gpt = ModelConfig(vocab_size=VOCAB, block_size=block_size, n_layer=GPT_LAYERS, n_head=width // HEAD_SIZE or 1,
+                      n_embd=width, tie_weights=True)
+    lstm_width = rnn_width(build_model(gpt).num_params(), VOCAB, tied=True)
     return {"gpt": gpt, "lstm": ModelConfig(type="lstm", vocab_size=VOCAB, block_size=block_size, n_layer=2,
-                                            n_embd=width, tie_weights=True)}
+                                            n_embd=lstm_width, tie_weights=True)}
+
+
+def shape(cfg):
+    heads = f" ({cfg.n_head} head{'s' * (cfg.n_head > 1)})" if cfg.type == "gpt" else ""
+    return f"{cfg.n_layer}x{cfg.n_embd}{heads}"
 
 
 def length_axis(ax, lengths, label):
@@ -48,117 +64,189 @@ def length_axis(ax, lengths, label):
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def threads_label(n):
-    return "this device" if n is None else f"{n} thread{'s' * (n > 1)}"
-
-
-def measure_throughput(models, optimizers, threads, batches, lengths, repeats, device):
-    """{(model, threads, B, T): training tokens/s}, each model's step timed in turn (A B A B) after a warm-up, so a
-    busy spell slows both alike; threads None keeps the current count."""
+def measure_throughput(models, tokens, lengths, repeats, device):
+    """{(model, T): (training tokens/s, seconds spent)}: each model's step of `tokens` tokens (tokens // T sequences)
+    timed in turn (A B A B) after a warm-up, so a busy spell slows both alike."""
     measured = {}
-    for n, B, T in tqdm([(n, B, T) for n in threads for B in batches for T in lengths], desc="throughput", leave=False):
-        if n:
-            torch.set_num_threads(n)
+    for T in lengths:
+        B = max(1, tokens // T)
         x = torch.randint(VOCAB, (B, T + 1), generator=torch.Generator().manual_seed(T)).to(device)
-        fns = {name: partial(train_step, models[name], optimizers[name], [(x[:, :-1], x[:, 1:])]) for name in models}
+        optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+        fns = {name: partial(train_step, m, optimizers[name], [(x[:, :-1], x[:, 1:])]) for name, m in models.items()}
         for fn in fns.values():
             fn()  # warm-up: allocator, kernels
         seconds = alternate(fns, repeats, device)
-        measured.update({(name, n, B, T): B * T / seconds[name] for name in models})
+        measured.update({(name, T): B * T / seconds[name] for name in models})
     return measured
 
 
-def cell_latency(width, device):
-    """Seconds of one LSTM cell step on one sequence (median of 200): the work-span model's τ."""
-    cell = torch.nn.LSTMCell(width, width).to(device)
-    with torch.no_grad():
-        h = torch.zeros(1, width, device=device)
-        return alternate({"cell": lambda: cell(h, (h, h))}, 200, device)["cell"]
+def op_latency(device, chain=100, rounds=20):
+    """Seconds of one dependent operation on a tiny tensor (a chain of `chain` in a row, median of rounds): the
+    latency no parallelism removes, the work-span model's τ."""
+    def run():
+        x = torch.ones(8, device=device)
+        for _ in range(chain):
+            x = x * 1.0
+    return alternate({"chain": run}, rounds, device)["chain"] / chain
+
+
+def block_depth(cfg):
+    """Dependent operations in one GPT block, forward (autograd depth of two blocks minus one, so the embedding and
+    the loss are not counted), RoPE included."""
+    def depth(n_layer):
+        model = GPT(replace(cfg.architecture(), n_layer=n_layer, block_size=16))
+        x = torch.randint(VOCAB, (1, 16))
+        return autograd_depth(model(x, x)[1])
+    return depth(2) - depth(1)
+
+
+def lstm_step_depth(width):
+    """Dependent operations in one LSTM cell step, forward (two steps minus one): the fused nn.LSTM hides its steps
+    from autograd, the cell loop shows them."""
+    cell = torch.nn.LSTMCell(width, width)
+    def depth(steps):
+        x = torch.randn(steps, 1, width, requires_grad=True)
+        h = c = torch.zeros(1, width)
+        for t in range(steps):
+            h, c = cell(x[t], (h, c))
+        return autograd_depth(h.sum())
+    return depth(2) - depth(1)
+
+
+def work_span(flops, span, tokens, T, flops_per_s, tau, processors=PROCESSORS):
+    """Tokens/s a step of `tokens` tokens at length T would reach on `processors` processors of flops_per_s each
+    (Brent 1974): step = W / (P f) + S τ, W = tokens · flops(T) the step's FLOPs, S = span(T) its dependent ops."""
+    return tokens / (tokens * flops(T) / (processors * flops_per_s) + span(T) * tau)
+
+
+def spans(configs, depths):
+    """Dependent ops of one training step (forward and backward: twice the forward's) against T: every GPT block's
+    depth, all positions at once; for the LSTM T + n_layer - 1 cell steps (layer l's step t waits for its own step
+    t - 1 and for layer l - 1's step t: a wavefront) of its step depth each."""
+    gpt, lstm = configs["gpt"].n_layer, configs["lstm"].n_layer
+    return {"gpt": lambda T: 2 * gpt * depths["gpt"], "lstm": lambda T: 2 * (T + lstm - 1) * depths["lstm"]}
+
+
+def throughput_verdict(ratios, model_ratio, where):
+    """(evidence, status) of reason (a) from ratios ({(width, T): LSTM/GPT tokens/s measured here} at the realistic
+    widths) and the work-span model's LSTM/GPT at `where`. A CPU of two threads is not the parallel hardware the
+    reason speaks of: a GPT slower here leaves it not shown, never contradicted."""
+    faster = sum(r < 1 for r in ratios.values())
+    low, high = min(ratios.values()), max(ratios.values())
+    evidence = (f"measured LSTM/GPT training tokens/s at d >= {REALISTIC}: {low:.2f}-{high:.2f} (min-max over "
+                f"{len(ratios)} (d, T) points; the GPT faster at {faster}); work-span model (not measured) at {where}: "
+                f"LSTM/GPT = {model_ratio:.2f}")
+    return evidence, "shown here" if faster == len(ratios) else "not shown here"
+
+
+def gpu_verdict(results, cpu_evidence):
+    """(evidence, status) of reason (a) from a GPU run of scripts/report/gpu.py: parallel hardware, so an LSTM faster
+    at every length measured there contradicts the reason, and a GPT faster at every one shows it."""
+    rates = {(r["model"], r["T"]): r["tokens_per_s"] for r in results["throughput"]}
+    ratios = [rates["lstm", T] / rates["gpt", T] for T in sorted({T for _, T in rates}) if ("gpt", T) in rates
+              and ("lstm", T) in rates]
+    faster = sum(r < 1 for r in ratios)
+    evidence = (f"measured on {results['hardware']} ({results['date']}, python -m scripts.report.gpu): LSTM/GPT "
+                f"training tokens/s {min(ratios):.2f}-{max(ratios):.2f} (min-max over {len(ratios)} lengths; the GPT "
+                f"faster at {faster}; {results['note']}); on this CPU: {cpu_evidence}")
+    if faster == len(ratios):
+        return evidence, "shown here"
+    return evidence, "contradicted here" if faster == 0 else "not shown here"
 
 
 def exp_throughput(ctx):
-    """Training tokens/s (forward, backward, AdamW step) at equal parameters and equal tokens per step, against the
-    sequence length, at several batch sizes, on 1 and 2 CPU threads (a GPU alone); then a work-span model of the
-    same on many processors, drawn apart from the measurements."""
+    """Training tokens/s (forward, backward, AdamW step) at equal parameters and equal tokens per step against the
+    sequence length, at several widths; then a work-span model of the same on many processors, drawn apart."""
     budget = BUDGET[ctx.preset]
-    batches, lengths = budget["batches"], budget["lengths"]
-    configs = throughput_models(max(lengths))
-    torch.manual_seed(0)
-    models = {name: build_model(cfg).to(ctx.device) for name, cfg in configs.items()}
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
-    threads = budget["threads"] if ctx.device.type == "cpu" else (None,)  # a GPU has no thread axis
+    widths, lengths, tokens = budget["widths"], budget["lengths"], budget["tokens"]
     before = torch.get_num_threads()
+    measured, configs, flops, depths, params = {}, {}, {}, {}, {}
     try:
-        measured = measure_throughput(models, optimizers, threads, batches, lengths, budget["repeats"], ctx.device)
-        torch.set_num_threads(1)  # τ: one small step's latency, which more threads only slow
-        tau = cell_latency(configs["lstm"].n_embd, ctx.device)
+        torch.set_num_threads(1)  # τ and the depths: one small op's latency, which more threads only slow
+        tau = op_latency(ctx.device)
+        if ctx.device.type == "cpu":
+            torch.set_num_threads(budget["threads"])
+        for d in tqdm(widths, desc="throughput", leave=False):
+            configs[d] = throughput_models(d, max(lengths))
+            depths[d] = dict(gpt=block_depth(configs[d]["gpt"]), lstm=lstm_step_depth(configs[d]["lstm"].n_embd))
+            torch.manual_seed(0)
+            models = {name: build_model(cfg).to(ctx.device) for name, cfg in configs[d].items()}
+            flops[d] = {name: model.flops_per_token for name, model in models.items()}
+            params[d] = {name: model.num_params() for name, model in models.items()}
+            for (name, T), rate in measure_throughput(models, tokens, lengths, budget["repeats"], ctx.device).items():
+                measured[d, name, T] = rate
+                B = max(1, tokens // T)
+                ctx.grid_point("throughput", name, f"d={d} ({shape(configs[d][name])}) T={T} B={B}", 1e-4, 0,
+                               budget["repeats"] + 1, (budget["repeats"] + 1) * B * T / rate, "training tokens/s",
+                               round(rate))
     finally:
         torch.set_num_threads(before)
-    flops = {name: model.flops_per_token for name, model in models.items()}  # training FLOPs per token at length T
-    # Work-span (Brent 1974): on P processors a step takes about W / (P f) + S τ, with W the step's FLOPs, f the best
-    # FLOP/s per thread measured here, S the dependent steps and τ one LSTM cell's latency. S is 2·n_layer layer steps
-    # for the GPT (forward and back, every position at once) and 2·(T + n_layer - 1) cell steps for the LSTM (layer
-    # l's step t waits for its own step t - 1 and layer l - 1's step t: a wavefront)
-    f = max(flops[name](T) * tokens / (n or 1) for (name, n, B, T), tokens in measured.items())
-    span = {"gpt": lambda T: 2 * configs["gpt"].n_layer, "lstm": lambda T: 2 * (T + configs["lstm"].n_layer - 1)}
-    def estimate(name, B, T):
-        return B * T / (B * T * flops[name](T) / (PROCESSORS * f) + span[name](T) * tau)
+    threads = budget["threads"] if ctx.device.type == "cpu" else 1
+    # f: the best FLOP/s per thread any step reached here
+    f = max(flops[d][name](T) * rate / threads for (d, name, T), rate in measured.items())
+    def estimate(d, name, T):
+        return work_span(flops[d][name], spans(configs[d], depths[d])[name], tokens, T, f, tau)
 
-    fig, axes = plt.subplots(1, len(batches) + 1, figsize=(3.6 * (len(batches) + 1), 3.8))
-    for ax in axes[1:-1]:
-        ax.sharey(axes[0])  # the measured panels share a scale; the model's has its own
-    for ax, B in zip(axes, batches):
+    fig, axes = plt.subplots(1, len(widths) + 1, figsize=(3.6 * (len(widths) + 1), 3.8))
+    for ax, d in zip(axes, widths):
         for name, color in (("gpt", "C0"), ("lstm", "C1")):
-            for n in threads:
-                ax.loglog(lengths, [measured[name, n, B, T] for T in lengths], "o-" if n == threads[-1] else "o--",
-                          color=color, label=f"{name}, {threads_label(n)}")
+            ax.loglog(lengths, [measured[d, name, T] for T in lengths], "o-", color=color,
+                      label=f"{name} {shape(configs[d][name])}")
         length_axis(ax, lengths, "sequence length T")
-        ax.set_title(f"measured, batch {B}")
+        ax.set_title(f"measured, d={d}, {params[d]['gpt'] / 1e6:.2g}M params")
+        ax.legend(fontsize=7)
     axes[0].set_ylabel("training tokens / s")
-    axes[0].legend(fontsize=7)
     model_ax = axes[-1]
-    for name, color in (("gpt", "C0"), ("lstm", "C1")):
-        for B, style in ((batches[0], ":"), (batches[-1], "-.")):
-            model_ax.loglog(lengths, [estimate(name, B, T) for T in lengths], style, color=color, lw=1,
-                            label=f"{name}, batch {B}")
+    for d, style in zip(widths, (":", "--", "-", "-.")):
+        for name, color in (("gpt", "C0"), ("lstm", "C1")):
+            model_ax.loglog(lengths, [estimate(d, name, T) for T in lengths], style, color=color, lw=1,
+                            label=f"{name}, d={d}")
     model_ax.set_facecolor("0.94")
     length_axis(model_ax, lengths, "sequence length T")
     model_ax.set_title(f"MODEL, not measured:\nwork-span, {PROCESSORS} processors")
-    model_ax.legend(fontsize=7)
-    n_gpt, n_lstm = (m.num_params() for m in models.values())
-    ctx.save(fig, "throughput.png", f"GPT 2x{configs['gpt'].n_embd} ({n_gpt:,} params) vs LSTM "
-             f"2x{configs['lstm'].n_embd} ({n_lstm:,}), heads tied; one AdamW step of B sequences of T tokens, "
-             f"median of {budget['repeats']} alternating rounds after a warm-up.\nModel panel: step = W/(P·f) + S·τ, "
-             f"P={PROCESSORS}, f={f / 1e9:.1f} GFLOP/s (best per thread here), τ={tau * 1e6:.0f} µs (one LSTM cell)")
+    model_ax.legend(fontsize=6)
+    on = f"{threads} thread{'s' * (threads > 1)}" if ctx.device.type == "cpu" else "this device"
+    d_top = widths[-1]
+    ctx.save(fig, "throughput.png", f"GPT {GPT_LAYERS} blocks of d (heads of {HEAD_SIZE}) vs the 2-layer LSTM of its "
+             f"size, heads tied; one AdamW step of {tokens:,} tokens (batch {tokens:,}/T), fp32, {on}; median of "
+             f"{budget['repeats']} alternating rounds after a warm-up.\nModel panel: step = W/(P·f) + S·τ, "
+             f"P={PROCESSORS}, f={f / 1e9:.1f} GFLOP/s (best per thread here), τ={tau * 1e6:.1f} µs (one dependent "
+             f"op, measured); S = 2·n_layer·{depths[d_top]['gpt']} (GPT block depth) vs 2·(T+1)·"
+             f"{depths[d_top]['lstm']} (LSTM step depth), autograd depths measured")
 
     short, long = lengths[0], lengths[-1]
     def kilo(v):
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}K"
-    ctx.row("throughput", f"training FLOPs per token, T={short} / T={long}",
-            f"{kilo(flops['gpt'](short))} / {kilo(flops['gpt'](long))}",
-            f"{kilo(flops['lstm'](short))} / {kilo(flops['lstm'](long))}",
-            "at equal parameters (6N within 1%) the GPT does more at every T measured, by 12·L·C·T for attention; "
-            "attention's n < d advantage over recurrence (Vaswani et al., Table 1) holds per layer only")
-    def per(name, B, T):
-        return " / ".join(f"{measured[name, n, B, T]:,.0f}" for n in threads)
-    def ratio(B, T):
-        return " / ".join(f"{measured['lstm', n, B, T] / measured['gpt', n, B, T]:.2f}" for n in threads)
-    names = " / ".join(threads_label(n) for n in threads)
-    for B, T in ((batches[0], short), (batches[0], long), (batches[-1], short), (batches[-1], long)):
-        ctx.row("throughput", f"training tokens/s, batch {B}, T={T}, {names}", per("gpt", B, T), per("lstm", B, T),
-                f"LSTM/GPT = {ratio(B, T)}")
-    if len(threads) > 1:
-        corners = ((batches[0], short), (batches[-1], long))
-        def gain(name, B, T):
-            return measured[name, threads[-1], B, T] / measured[name, threads[0], B, T]
-        def speed_up(name):
-            return " / ".join(f"{gain(name, B, T):.2f}x" for B, T in corners)
-        ctx.row("throughput", f"speed-up on {threads[-1]} threads over {threads[0]}, batch {corners[0][0]} "
-                f"T={short} / batch {corners[1][0]} T={long}", speed_up("gpt"), speed_up("lstm"),
-                f"parallel efficiency = speed-up / {threads[-1] // threads[0]}")
-    ctx.row("throughput", f"work-span model (not measured), {PROCESSORS} processors, batch {batches[0]}, T={long}, "
-            f"tokens/s", f"{estimate('gpt', batches[0], long):,.0f}", f"{estimate('lstm', batches[0], long):,.0f}",
-            f"dependent steps: GPT {span['gpt'](long)} vs LSTM {span['lstm'](long):,}; τ={tau * 1e6:.0f} µs")
+    ctx.row("throughput", f"training FLOPs per token at d={d_top}, T={short} / T={long}",
+            f"{kilo(flops[d_top]['gpt'](short))} / {kilo(flops[d_top]['gpt'](long))}",
+            f"{kilo(flops[d_top]['lstm'](short))} / {kilo(flops[d_top]['lstm'](long))}",
+            f"GPT {shape(configs[d_top]['gpt'])} vs LSTM {shape(configs[d_top]['lstm'])}, {params[d_top]['gpt']:,} "
+            f"vs {params[d_top]['lstm']:,} params; 6N plus, for the GPT, 12·L·C·T for attention")
+    for d in widths:
+        for T in lengths:
+            ratio = measured[d, "lstm", T] / measured[d, "gpt", T]
+            ctx.row("throughput", f"training tokens/s, d={d}, T={T} (batch {max(1, tokens // T)}), {on}",
+                    f"{measured[d, 'gpt', T]:,.0f}", f"{measured[d, 'lstm', T]:,.0f}",
+                    f"LSTM/GPT = {ratio:.2f}; GPT {shape(configs[d]['gpt'])} vs LSTM {shape(configs[d]['lstm'])}")
+    where = f"d={d_top}, T={long}, {PROCESSORS} processors"
+    gpt_model, lstm_model = estimate(d_top, "gpt", long), estimate(d_top, "lstm", long)
+    S = {name: span(long) for name, span in spans(configs[d_top], depths[d_top]).items()}
+    ctx.row("throughput", f"work-span model (not measured), {where}, tokens/s", f"{gpt_model:,.0f}",
+            f"{lstm_model:,.0f}", f"a model: step = W/(P·f) + S·τ with S the dependent ops of a step, GPT "
+            f"{S['gpt']:,} (2 x {configs[d_top]['gpt'].n_layer} blocks x {depths[d_top]['gpt']} measured) vs LSTM "
+            f"{S['lstm']:,} (2 x (T+1) steps x {depths[d_top]['lstm']} measured); τ={tau * 1e6:.1f} µs, "
+            f"f={f / 1e9:.1f} GFLOP/s measured")
+    ratios = {(d, T): measured[d, "lstm", T] / measured[d, "gpt", T] for d in widths if d >= REALISTIC
+              for T in lengths}
+    if not ratios:
+        return
+    evidence, status = throughput_verdict(ratios, lstm_model / gpt_model, where)
+    gpu = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else {}
+    if gpu.get("smoke") is False and gpu["throughput"]:  # a real GPU run decides; a --smoke one is a code check
+        evidence, status = gpu_verdict(gpu, evidence)
+    elif status != "shown here":
+        evidence += "; needs a GPU: python -m scripts.report.gpu"
+    ctx.verdict("throughput", "a", evidence, status)
 
 
 def forward_backward(layer, x, grad):
