@@ -27,6 +27,9 @@ SHOWN = (4, 16, 64)  # the pairs the results table reports
 N_KEYS = 64  # distinct keys (and values) per task: enough for 64 pairs
 SEEDS = (0, 1, 2)  # the chosen lr runs with every seed; the spread over them (min-max) is reported
 LEVEL = 0.9  # recall_state: a width "solves" a pair count when every seed reaches this test accuracy
+# Sized for recall + recall_state + induction within about 11 min (quick) and 75 min (full) on two CPU threads,
+# counted as steps x the measured time of one step: a 2-layer LSTM step grows ~ width^2 x tokens (width 384 at 48
+# tokens ~20x width 48), a small GPT's is nearly flat. The estimate lets every LSTM run go to the cap.
 BUDGET = {  # what the experiments may spend; both models always get the same cap, batch and schedule
     "quick": dict(
         batch=32,  # sequences per training step
@@ -36,16 +39,17 @@ BUDGET = {  # what the experiments may spend; both models always get the same ca
         grid_seeds=1,  # seeds per grid point; the chosen lr then runs the rest of SEEDS
         selection=96,  # sequences per selection set (recall: per number of pairs), scored every eval_every steps
         test=256,  # sequences per test set (recall: per number of pairs), scored once per run
-        # recall_state: pairs -> LSTM widths, whose h and c (16 B per unit) reach the width-8 GPT's KV cache at
-        # 3 x pairs tokens (384 B per pair) at the top width; GPT widths alike at every pair count; one step cap
-        state=dict(steps=800, gpt=(8, 16), lstm={4: (48, 96), 8: (48, 96, 192)},
+        # recall_state: pairs -> LSTM widths. h and c hold 16 B per unit, a width-d GPT's KV cache 16 x d B per token,
+        # so the LSTM meets the width-8 GPT at 24 x pairs units and the width-16 one at 48 x pairs
+        state=dict(steps=600, gpt=(8, 16), lstm={4: (48, 96, 192), 8: (96, 192)},
                    lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)}),
     ),
     "full": dict(batch=32, recall_steps=2000, induction_steps=3000, lrs={"gpt": (3e-3, 1e-2, 3e-2, 1e-1),
                  "lstm": (1e-3, 3e-3, 1e-2, 3e-2)}, grid_seeds=1, selection=192, test=512,
-                 # at 32 pairs the LSTM stops at 192 (3,072 B of the GPT's 12,288): width 768 costs ~35x a 192 step
-                 state=dict(steps=1500, gpt=(8, 16), lstm={4: (48, 96), 8: (48, 96, 192), 16: (48, 96, 192, 384),
-                                                          32: (48, 96, 192)},
+                 # at 32 pairs the LSTM stops at 96 (1,536 B of the width-8 GPT's 12,288): a width-768 step costs
+                 # ~35x a width-96 one, beyond this budget; the overlap is tested at 4, 8 and 16 pairs
+                 state=dict(steps=1000, gpt=(8, 16), lstm={4: (48, 96, 192), 8: (48, 96, 192),
+                                                          16: (48, 96, 192, 384), 32: (48, 96)},
                             lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)})),
 }
 TRAIN = dict(eval_every=50, stop_at=0.99)  # train_synthetic's only early stop: solved, stated in every figure
@@ -353,7 +357,7 @@ def exp_induction(ctx):
         axes[0].axhline(100 * level, color="k", ls=style, lw=0.7, label=f"chance: {label}")
     axes[0].set(xlabel="training step", ylabel="selection accuracy on the second copy (%)", ylim=(0, 102),
                 title=f"copying a repeat (faint: seeds {', '.join(map(str, SEEDS[1:]))})")
-    axes[0].legend(fontsize=6)
+    axes[0].legend(fontsize=6, loc="center right")
     example = int((lengths == 24).nonzero()[0, 0]) if (lengths == 24).any() else 0
     for layer, ax in enumerate(axes[1:]):
         ax.imshow(maps[layer][example, 0].cpu().numpy(), cmap="Blues", vmin=0, vmax=1)
