@@ -138,22 +138,22 @@ def test_an_unsolved_run_trains_to_the_cap_whatever_its_loss_does(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.1, 1.0)] + [(0.3, 0.9)] * 40)
     run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 100 and [step for step, _ in run.curve] == list(range(0, 101, 5))
-    assert run.select == 0.3 and not run.solved and not run.capped  # flat over the last quarter: not improving
+    assert run.select == 0.3 and not run.solved and not run.improving  # flat over the last quarter: not improving
     assert steps_to(run) is None
     # the loss falls 2% over the last quarter (steps 75 -> 100): still improving at the cap
     losses = [1.0] * 16 + [0.99, 0.985, 0.98, 0.98, 0.98]
     scripted_evaluate(monkeypatch, [(0.3, loss) for loss in losses])
     run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
-    assert run.steps == 100 and run.capped and not run.solved
+    assert run.steps == 100 and run.improving and not run.solved
     # ... by only 0.5%: not
     scripted_evaluate(monkeypatch, [(0.3, loss) for loss in [1.0] * 16 + [0.995] * 5])
-    assert not train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5).capped
+    assert not train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5).improving
 
 
 def test_a_run_that_solves_stops_there(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.92, 0.7), (0.991, 0.5)])
     run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
-    assert run.steps == 10 and run.solved and not run.capped and steps_to(run) == 5 and steps_to(run, 0.99) == 10
+    assert run.steps == 10 and run.solved and not run.improving and steps_to(run) == 5 and steps_to(run, 0.99) == 10
     # every eval set must be solved: one at 99% and one short of it keep the run going
     two = {"a": EVALS["set"], "b": EVALS["set"]}
     scripted_evaluate(monkeypatch, [(0.995, 1.0), (0.98, 1.0)] * 3 + [(0.995, 0.5)] * 2)
@@ -170,7 +170,7 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     def fake_train(cfg, make_batch, cap, lr, evals, device, seed=0, **options):
         trained.append((lr, seed))
         return Run(model=lr, curve=[], steps=steps[lr], seconds=1.0, select=selection[lr],
-                   solved=selection[lr] >= 0.995, capped=False)
+                   solved=selection[lr] >= 0.995, improving=False)
 
     monkeypatch.setattr(tasks, "train_synthetic", fake_train)
     monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (test_score[model], 0.0))
@@ -294,7 +294,7 @@ def scripted_state(monkeypatch, accuracy):
         model = (cfg.type, cfg.n_embd, cfg.block_size // 3)
         acc = accuracy(*model) * (1 if lr == 1e-2 else 0.5)  # the middle lr wins: no widening
         return Run(model=model, curve=[(0, {k: acc for k in evals})], steps=cap, seconds=0.0, select=acc,
-                   solved=acc >= 0.99, capped=False)
+                   solved=acc >= 0.99, improving=False)
 
     monkeypatch.setattr(tasks, "train_synthetic", fake_train)
     monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (accuracy(*model), 0.0))

@@ -90,7 +90,7 @@ def lr_note(name, tuned):
 
 
 def improving_note(name, tuned):
-    n = sum(run.capped for run in tuned.runs.values())
+    n = sum(run.improving for run in tuned.runs.values())
     return f"{name}: {n} of {len(tuned.runs)} seeds still improving at the cap" if n else ""
 
 
@@ -198,7 +198,7 @@ def state_note(points, n, s, batch):
         accuracy = ", ".join(f"{w}: {spread(p.test)}" for w, p in widths)
         lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + (" (at the edge)" if p.tuned.edge else "")
                         for w, p in widths)
-        improving = sum(run.capped for _, p in widths for run in p.tuned.runs.values())
+        improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
         parts.append(f"{name} test % by width {accuracy}; lr {lrs}; {improving} of "
                      f"{sum(len(p.tuned.runs) for _, p in widths)} chosen-lr runs still improving at the cap")
     lstm, gpt = at(points, "lstm", n)[-1][1].bytes, at(points, "gpt", n)[0][1].bytes

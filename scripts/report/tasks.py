@@ -119,7 +119,7 @@ class Run:
     seconds: float
     select: float
     solved: bool
-    capped: bool
+    improving: bool
     test: dict = field(default_factory=dict)
 
 
@@ -159,8 +159,8 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
         x, y = make_batch(it, generator)
         train_step(model, optimizer, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
     select = sum(curve[-1][1].values()) / len(evals)
-    capped = not solved and still_improving(losses, steps)
-    return Run(model.eval(), curve, it, time.time() - start, select, solved, capped)
+    improving = not solved and still_improving(losses, steps)
+    return Run(model.eval(), curve, it, time.time() - start, select, solved, improving)
 
 
 @dataclass
@@ -187,11 +187,11 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
                               desc=f"{experiment} {name} {setting} lr {lr:g} seed {seed}", **train)
         run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
         tqdm.write(f"{experiment} {name} {setting} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
-                   f"selection {100 * run.select:.1f}%" + (", still improving at the cap" if run.capped else ""))
+                   f"selection {100 * run.select:.1f}%" + (", still improving at the cap" if run.improving else ""))
         measured = [("selection accuracy", round(run.select, 4)),
                     *((f"test accuracy {k}", round(v, 4)) for k, v in run.test.items()),
                     ("steps to 90% selection accuracy", steps_to(run) if steps_to(run) is not None else "not reached"),
-                    ("still improving at the cap (1 = yes)", int(run.capped))]
+                    ("still improving at the cap (1 = yes)", int(run.improving))]
         for metric, value in measured:
             ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, value)
         return run
