@@ -1,5 +1,8 @@
 """scripts/report/tasks.py and scripts/report/recall.py: the synthetic batches, equal sizes, the bytes of state each
-model carries, the stopping rule, the lr/seed grid, and both experiments end to end on tiny budgets."""
+model carries, induction's informed chance, the stopping rule (solved or the cap, nothing else), the lr/seed grid,
+the state experiment's verdict on scripted results, and the experiments end to end on tiny budgets."""
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,9 +20,11 @@ from scripts.report.tasks import (
     rnn_width,
     seed_grid,
     state_bytes,
+    steps_to,
     synthetic_models,
     train_synthetic,
     tune,
+    unseen_chance,
 )
 
 
@@ -128,23 +133,32 @@ def tiny_batch(it, g):
 EVALS = {"set": tiny_batch(0, torch.Generator().manual_seed(0))}
 
 
-def test_training_stops_at_a_plateau_of_the_selection_loss_after_half_the_cap(monkeypatch):
-    # 1.0 -> 0.9 sets a mark; the scores after it stay within 1% of it: three of them make a plateau
-    plateau = [(0.1, 1.0), (0.2, 0.9)] + [(0.3, 0.895)] * 20
-    for cap, stop in ((40, 20), (100, 50)):  # the plateau at step 20 ends a run only once half the cap is behind it
-        scripted_evaluate(monkeypatch, plateau)
-        run = train_synthetic(TINY, tiny_batch, cap, 1e-3, EVALS, torch.device("cpu"), eval_every=5, patience=3)
-        assert run.curve[-1][0] == run.steps == stop and [step for step, _ in run.curve] == list(range(0, stop + 1, 5))
-        assert run.select == 0.3 and not run.solved and not run.capped  # the plateau, not the cap, stopped it
-
-
-def test_training_stops_at_the_target_accuracy_and_flags_a_capped_run(monkeypatch):
-    scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.996, 0.5)])
+def test_an_unsolved_run_trains_to_the_cap_whatever_its_loss_does(monkeypatch):
+    # a flat loss from step 5 on: the old plateau rule would have stopped here; now only solving stops a run early
+    scripted_evaluate(monkeypatch, [(0.1, 1.0)] + [(0.3, 0.9)] * 40)
     run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
-    assert run.steps == 5 and run.solved and not run.capped
-    scripted_evaluate(monkeypatch, [(0.1, 1.0), (0.2, 0.9), (0.3, 0.8)])  # still falling when the cap comes
-    run = train_synthetic(TINY, tiny_batch, 10, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
-    assert run.steps == 10 and run.capped and not run.solved
+    assert run.steps == 100 and [step for step, _ in run.curve] == list(range(0, 101, 5))
+    assert run.select == 0.3 and not run.solved and not run.improving  # flat over the last quarter: not improving
+    assert steps_to(run) is None
+    # the loss falls 2% over the last quarter (steps 75 -> 100): still improving at the cap
+    losses = [1.0] * 16 + [0.99, 0.985, 0.98, 0.98, 0.98]
+    scripted_evaluate(monkeypatch, [(0.3, loss) for loss in losses])
+    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    assert run.steps == 100 and run.improving and not run.solved
+    # ... by only 0.5%: not
+    scripted_evaluate(monkeypatch, [(0.3, loss) for loss in [1.0] * 16 + [0.995] * 5])
+    assert not train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5).improving
+
+
+def test_a_run_that_solves_stops_there(monkeypatch):
+    scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.92, 0.7), (0.991, 0.5)])
+    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    assert run.steps == 10 and run.solved and not run.improving and steps_to(run) == 5 and steps_to(run, 0.99) == 10
+    # every eval set must be solved: one at 99% and one short of it keep the run going
+    two = {"a": EVALS["set"], "b": EVALS["set"]}
+    scripted_evaluate(monkeypatch, [(0.995, 1.0), (0.98, 1.0)] * 3 + [(0.995, 0.5)] * 2)
+    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, two, torch.device("cpu"), eval_every=5)
+    assert run.steps == 15 and run.solved
 
 
 def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch):
@@ -156,7 +170,7 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     def fake_train(cfg, make_batch, cap, lr, evals, device, seed=0, **options):
         trained.append((lr, seed))
         return Run(model=lr, curve=[], steps=steps[lr], seconds=1.0, select=selection[lr],
-                   solved=selection[lr] >= 0.995, capped=False)
+                   solved=selection[lr] >= 0.995, improving=False)
 
     monkeypatch.setattr(tasks, "train_synthetic", fake_train)
     monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (test_score[model], 0.0))
@@ -171,8 +185,9 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     assert tuned.lr == 1e-2 and not tuned.edge and set(tuned.runs) == {0, 1, 2}
     assert tuned.runs[1].test == {"t": 0.6} and tuned.seconds == 5.0  # every run of the grid, chosen or not
     points = [(p["lr"], p["seed"], p["metric"], p["value"]) for p in ctx.grid]
-    assert len(points) == 3 * 5 and (3e-2, 0, "test accuracy t", 0.95) in points
-    assert (1e-2, 2, "capped while improving (1 = yes)", 0) in points
+    assert len(points) == 4 * 5 and (3e-2, 0, "test accuracy t", 0.95) in points
+    assert (1e-2, 2, "still improving at the cap (1 = yes)", 0) in points
+    assert (1e-2, 2, "steps to 90% selection accuracy", "not reached") in points
     assert all(p["experiment"] == "recall" and p["setting"] == "width 64" and p["steps"] == 7 for p in ctx.grid)
     # lrs that solve the task tie on accuracy; the faster one wins, here the grid's top, every point with two seeds,
     # so the grid widens to 9e-2, which does not solve: 3e-2 is then inside
@@ -198,18 +213,41 @@ def test_gpt_learns_recall_in_a_short_seeded_run():
 def test_every_budget_follows_the_protocol():
     assert recall.BUDGET["quick"].keys() == recall.BUDGET["full"].keys()
     for budget in recall.BUDGET.values():
-        assert all(len(budget["lrs"][name]) >= 3 and budget["widths"][name] for name in ("gpt", "lstm"))
+        assert all(len(budget["lrs"][name]) >= 3 for name in ("gpt", "lstm"))
         assert 1 <= budget["grid_seeds"] <= len(recall.SEEDS)  # the chosen lr then runs the remaining seeds
-    assert len(recall.SEEDS) >= 2
+        state = budget["state"]
+        assert min(state["gpt"]) <= 16 and all(len(state["lrs"][name]) == 3 for name in ("gpt", "lstm"))
+        assert tuple(state["lstm"])[:2] == (4, 8)
+        for n in [n for n in state["lstm"] if n <= 16]:  # the LSTM's widest state meets the narrowest GPT's cache
+            lstm = state_bytes(recall.state_model("lstm", max(state["lstm"][n]), n), 3 * n)
+            assert lstm >= state_bytes(recall.state_model("gpt", min(state["gpt"]), n), 3 * n)
+    assert len(recall.SEEDS) >= 3 and 16 in recall.BUDGET["full"]["state"]["lstm"]
+
+
+@pytest.mark.parametrize("seq_len, min_len", [(8, 2), (12, 3)])
+def test_induction_informed_chance_counts_the_unseen_tokens(seq_len, min_len):
+    x, y, lengths = induction_batch(400, vocab_size=9, seq_len=seq_len, min_len=min_len,
+                                    generator=torch.Generator().manual_seed(0))
+    hits, positions = 0.0, 0
+    for row, target, S in zip(x.tolist(), y.tolist(), lengths.tolist()):
+        for t in (t for t, v in enumerate(target) if v >= 0):  # guess uniformly among the segment's unseen tokens
+            left = set(row[:S]) - set(row[S:t + 1])
+            assert target[t] in left
+            hits, positions = hits + 1 / len(left), positions + 1
+    assert unseen_chance(lengths.tolist()) == pytest.approx(hits / positions, rel=1e-12)
+    assert unseen_chance([2]) == 1 and unseen_chance([4]) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert math.isclose(unseen_chance([3, 5]), (1.5 + 25 / 12) / 6)
 
 
 @pytest.fixture
 def tiny_budget(monkeypatch, tmp_path):
-    monkeypatch.setitem(recall.BUDGET, "quick", dict(batch=4, recall_steps=3, induction_steps=3,
-                                                     lrs={"gpt": (1e-3, 1e-2), "lstm": (1e-3, 1e-2)},
-                                                     widths={"gpt": (16,), "lstm": (8,)}, grid_seeds=1,
-                                                     selection=8, test=16))
-    monkeypatch.setattr(recall, "TRAIN", dict(eval_every=2, patience=4, stop_at=0.995))
+    monkeypatch.setitem(recall.BUDGET, "quick", dict(
+        batch=4, recall_steps=3, induction_steps=3, lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)},
+        grid_seeds=1, selection=8, test=16,
+        state=dict(steps=4, gpt=(8,), lstm={2: (16, 48), 4: (16, 96)},
+                   lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)})))
+    monkeypatch.setattr(recall, "TRAIN", dict(eval_every=2, stop_at=0.99))
+    monkeypatch.setattr(recall, "N_KEYS", 8)
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
     return ctx
 
@@ -217,20 +255,92 @@ def tiny_budget(monkeypatch, tmp_path):
 def test_recall_experiment_end_to_end(tiny_budget, monkeypatch):
     monkeypatch.setattr(recall, "PAIRS", (2, 4, 8))
     monkeypatch.setattr(recall, "SHOWN", (2, 4, 8))
-    monkeypatch.setattr(recall, "N_KEYS", 8)
     ctx = tiny_budget
     recall.exp_recall(ctx)
-    assert {p.name for p in ctx.out.glob("*.png")} == {"recall.png", "recall_state.png", "recall_attention.png"}
-    rows = {r["measure"]: r for r in ctx.rows}
-    accuracy = next(r for m, r in rows.items() if m.startswith("MQAR accuracy % at 2 / 4 / 8 pairs"))
+    assert {p.name for p in ctx.out.glob("*.png")} == {"recall.png", "recall_attention.png"}
+    (accuracy,) = ctx.rows
+    assert accuracy["measure"].startswith("MQAR accuracy % at 2 / 4 / 8 pairs")
     assert all(len(accuracy[name].split(" / ")) == 3 for name in ("gpt", "lstm"))
-    assert "chance (1/pairs) 50.0 / 25.0 / 12.5" in accuracy["note"]
-    assert any(m.startswith("narrowest width") for m in rows)
-    # the grid: 2 lrs at each reference width (more where an end won), the chosen one again with seed 1, each other
-    # width with both seeds
+    assert "chance (1/pairs) 50.0 / 25.0 / 12.5" in accuracy["note"] and " of 0.001/0.01/0.03" in accuracy["note"]
+    # the grid: 3 lrs with seed 0 (more where an end won), the chosen one again with seeds 1 and 2
     runs = {(p["model"], p["setting"], p["lr"], p["seed"]) for p in ctx.grid}
-    assert len(runs) >= 2 * (2 + 1 + 2) and len(ctx.grid) == len(runs) * (1 + 3 + 1)  # selection, 3 tests, capped
-    assert {s for m, s, _, _ in runs if m == "gpt"} == {"width 64", "width 16"}
+    assert len(runs) >= 2 * (3 + 2) and len(ctx.grid) == len(runs) * (1 + 3 + 1 + 1)  # selection, tests, 90%, flag
+    assert {s for m, s, _, _ in runs if m == "gpt"} == {"width 64"}
+
+
+def test_recall_state_end_to_end(tiny_budget):
+    ctx = tiny_budget
+    recall.exp_recall_state(ctx)
+    assert {p.name for p in ctx.out.glob("*.png")} == {"recall_state.png"}
+    assert [r["measure"].split(" (")[0] for r in ctx.rows] == ["narrowest width solving 2 pairs",
+                                                                "narrowest width solving 4 pairs"]
+    note = ctx.rows[1]["note"]
+    assert "chance (1/pairs) 25.0%" in note and "(1,536 B) reaches the narrowest GPT's KV cache (1,536 B)" in note
+    (verdict,) = ctx.verdicts
+    assert verdict["experiment"] == "recall_state" and verdict["reason"] == "c"
+    settings_trained = {(p["model"], p["setting"]) for p in ctx.grid}
+    assert settings_trained == {("gpt", "2 pairs, width 8"), ("gpt", "4 pairs, width 8"), ("lstm", "2 pairs, width 16"),
+                                ("lstm", "2 pairs, width 48"), ("lstm", "4 pairs, width 16"),
+                                ("lstm", "4 pairs, width 96")}
+    for setting in settings_trained:  # 3 lrs with seed 0 (or more, widened) and the chosen one with seeds 1, 2
+        seeds = [p["seed"] for p in ctx.grid if (p["model"], p["setting"]) == setting and p["metric"] ==
+                 "selection accuracy"]
+        assert len(seeds) >= 5 and seeds.count(0) >= 3 and seeds.count(1) == seeds.count(2) == 1
+
+
+def scripted_state(monkeypatch, accuracy):
+    """train_synthetic and evaluate faked: a model's accuracy is accuracy(type, width, pairs), the same every seed."""
+    def fake_train(cfg, make_batch, cap, lr, evals, device, seed=0, **options):
+        model = (cfg.type, cfg.n_embd, cfg.block_size // 3)
+        acc = accuracy(*model) * (1 if lr == 1e-2 else 0.5)  # the middle lr wins: no widening
+        return Run(model=model, curve=[(0, {k: acc for k in evals})], steps=cap, seconds=0.0, select=acc,
+                   solved=acc >= 0.99, improving=False)
+
+    monkeypatch.setattr(tasks, "train_synthetic", fake_train)
+    monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (accuracy(*model), 0.0))
+
+
+# (GPT widths failing, LSTM widths solving), as (width, pairs); everything else solves (GPT) or fails (LSTM). At 4 / 16
+# pairs the width-8 GPT's cache is 1,536 / 6,144 B: an LSTM's h and c at width 96 / 384
+CASES = {
+    "shown here": (set(), {(16, 4), (96, 4)}),  # 4 pairs from width 16; 16 pairs not even at 384 (the GPT's bytes)
+    "contradicted here": (set(), {(96, 4), (96, 16), (384, 16)}),  # width 96 (1,536 B) solves 16 pairs
+    "not shown here": (set(), set()),  # the LSTM learns nothing: no state size is to blame
+    "not shown here, no LSTM as large": ({(8, 16)}, {(96, 4)}),  # at 16 pairs only the 12,288 B GPT solves
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_recall_state_verdict_follows_the_numbers(tiny_budget, monkeypatch, case):
+    monkeypatch.setitem(recall.BUDGET["quick"], "state", dict(
+        steps=4, gpt=(8, 16), lstm={4: (16, 96), 16: (16, 96, 384)},
+        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}))
+    monkeypatch.setattr(recall, "N_KEYS", 16)
+    gpt_fails, lstm_solves = CASES[case]
+
+    def accuracy(kind, width, n):
+        return float((width, n) not in gpt_fails if kind == "gpt" else (width, n) in lstm_solves) or 0.3
+
+    scripted_state(monkeypatch, accuracy)
+    ctx = tiny_budget
+    recall.exp_recall_state(ctx)
+    (verdict,) = ctx.verdicts
+    assert verdict["status"] == case.split(",")[0], verdict
+    rows = {r["measure"].split(" (")[0]: r for r in ctx.rows}
+    if case == "shown here":
+        assert rows["narrowest width solving 4 pairs"]["gpt"] == "8 (1,536 B)"
+        assert rows["narrowest width solving 4 pairs"]["lstm"] == "16 (256 B)"
+        assert rows["narrowest width solving 16 pairs"]["lstm"] == "none of 16/96/384 (up to 6,144 B)"
+        assert verdict["evidence"].startswith("at 16 pairs a GPT with a 6,144 B cache solves while an LSTM with "
+                                              "6,144 B reaches 30%")
+        assert "narrowest solving LSTM width 16/none at 4/16 pairs" in verdict["evidence"]
+    if case == "contradicted here":
+        assert "an LSTM of width 96 (1,536 B of state)" in verdict["evidence"]
+    if case == "not shown here":
+        assert "an LSTM that solves 4 pairs" in verdict["evidence"]
+    if case == "not shown here, no LSTM as large":
+        assert rows["narrowest width solving 16 pairs"]["gpt"] == "16 (12,288 B)"
+        assert "an LSTM at least as large as the GPT's cache" in verdict["evidence"]
 
 
 def test_induction_experiment_end_to_end(tiny_budget):
@@ -239,8 +349,22 @@ def test_induction_experiment_end_to_end(tiny_budget):
     assert {p.name for p in ctx.out.glob("*.png")} == {"induction.png"}
     accuracy, attention = ctx.rows
     assert accuracy["experiment"] == attention["experiment"] == "induction" and "lr " in accuracy["note"]
+    assert "chance uniform over the 32 tokens 3.1%" in accuracy["note"]
     assert attention["gpt"].count("%") == 2
-    assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) >= 2 * 3  # 2 lrs, the best again, widened
+    assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) >= 2 * 5  # 3 lrs, the best again twice
+    (verdict,) = ctx.verdicts
+    assert verdict["experiment"] == "induction" and verdict["status"] in ("shown here", "not shown here",
+                                                                           "contradicted here")
+
+
+@pytest.mark.parametrize("gpt, lstm, status", [((0.99, 0.995, 1.0), (0.5, 0.6, 0.55), "shown here"),
+                                               ((0.99, 0.995, 1.0), (0.5, 0.95, 0.55), "not shown here"),
+                                               ((0.99, 0.995, 1.0), (0.92, 0.95, 0.91), "contradicted here"),
+                                               ((0.5, 0.995, 1.0), (0.5, 0.6, 0.55), "not shown here")])
+def test_induction_verdict_follows_the_numbers(gpt, lstm, status):
+    evidence, decided = recall.induction_verdict({"gpt": list(gpt), "lstm": list(lstm)}, {"uniform": 0.03,
+                                                                                          "unseen": 0.17})
+    assert decided == status and "17.0%" in evidence
 
 
 def test_seed_grid_trains_the_grid_then_the_chosen_lr_with_the_other_seeds():

@@ -26,11 +26,12 @@ from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_lm, exp_positions, exp_window
 from scripts.report.mechanism import exp_paths, exp_scaling
-from scripts.report.recall import exp_induction, exp_recall
+from scripts.report.recall import exp_induction, exp_recall, exp_recall_state
 from scripts.report.text import exp_text
 
 # in this order, which is also the tables': positions, window, text and paths read the lm experiment's runs
-EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, induction=exp_induction, lm=exp_lm, positions=exp_positions,
+EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_recall_state, induction=exp_induction,
+                   lm=exp_lm, positions=exp_positions,
                    window=exp_window, text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
                    generation=exp_generation)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]

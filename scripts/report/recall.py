@@ -1,34 +1,58 @@
 """Recall and induction: can the model look a value up, or copy a repeat, from anywhere in its context? Both models
-go through the same grid (scripts/report/tasks.py's tune): equal step cap, batch and schedule, an lr grid per model
-chosen on a selection set, two seeds at the chosen lr, and accuracy read on a separate test set."""
+go through the same grid (scripts/report/tasks.py's tune): equal step cap, batch and schedule, no early stop short of
+solving the task, an lr grid per model chosen on a selection set, three seeds at the chosen lr, and accuracy read on
+a separate test set. recall_state trains each model at several widths on a fixed number of pairs and sets accuracy
+against the bytes of state each carries (Zoology, Arora et al. 2023: a recurrent state must grow with the pairs)."""
 import textwrap
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import NullFormatter
 
-from scripts.report.tasks import induction_batch, mixed_recall_batch, recall_batch, state_bytes, synthetic_models, tune
+from scripts.report.tasks import (
+    Tuned,
+    induction_batch,
+    mixed_recall_batch,
+    recall_batch,
+    state_bytes,
+    steps_to,
+    synthetic_models,
+    tune,
+    unseen_chance,
+)
 
 PAIRS = (4, 8, 16, 32, 64)  # recall is trained on 4..64 pairs at once and tested at each of these
-SHOWN = (4, 16, 64)  # the pairs the results table reports; the last two also for the narrowest width at 90%
+SHOWN = (4, 16, 64)  # the pairs the results table reports
 N_KEYS = 64  # distinct keys (and values) per task: enough for 64 pairs
-SEEDS = (0, 1)  # the chosen lr runs with every seed; the spread over them is reported
+SEEDS = (0, 1, 2)  # the chosen lr runs with every seed; the spread over them (min-max) is reported
+LEVEL = 0.9  # recall_state: a width "solves" a pair count when every seed reaches this test accuracy
+# Sized for recall + recall_state + induction within about 11 min (quick) and 75 min (full) on two CPU threads,
+# counted as steps x the measured time of one step: a 2-layer LSTM step grows ~ width^2 x tokens (width 384 at 48
+# tokens ~20x width 48), a small GPT's is nearly flat. The estimate lets every LSTM run go to the cap.
 BUDGET = {  # what the experiments may spend; both models always get the same cap, batch and schedule
     "quick": dict(
         batch=32,  # sequences per training step
         recall_steps=600,  # the step cap of every recall run (warmup + cosine to it)
-        induction_steps=1000,  # the step cap of every induction run (the LSTM still rises slowly at 1000)
-        lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)},  # the grid, at the reference widths
-        widths={"gpt": (32,), "lstm": (154,)},  # recall's other widths (reference: 64 and 77), at the chosen lr
+        induction_steps=1000,  # the step cap of every induction run
+        lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)},  # the grid at the reference widths
         grid_seeds=1,  # seeds per grid point; the chosen lr then runs the rest of SEEDS
         selection=96,  # sequences per selection set (recall: per number of pairs), scored every eval_every steps
         test=256,  # sequences per test set (recall: per number of pairs), scored once per run
+        # recall_state: pairs -> LSTM widths. h and c hold 16 B per unit, a width-d GPT's KV cache 16 x d B per token,
+        # so the LSTM meets the width-8 GPT at 24 x pairs units and the width-16 one at 48 x pairs
+        state=dict(steps=600, gpt=(8, 16), lstm={4: (48, 96, 192), 8: (96, 192)},
+                   lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)}),
     ),
     "full": dict(batch=32, recall_steps=2000, induction_steps=3000, lrs={"gpt": (3e-3, 1e-2, 3e-2, 1e-1),
-                 "lstm": (1e-3, 3e-3, 1e-2, 3e-2)}, widths={"gpt": (32, 128), "lstm": (38, 154)}, grid_seeds=1,
-                 selection=192, test=512),
+                 "lstm": (1e-3, 3e-3, 1e-2, 3e-2)}, grid_seeds=1, selection=192, test=512,
+                 # at 32 pairs the LSTM stops at 96 (1,536 B of the width-8 GPT's 12,288): a width-768 step costs
+                 # ~35x a width-96 one, beyond this budget; the overlap is tested at 4, 8 and 16 pairs
+                 state=dict(steps=1000, gpt=(8, 16), lstm={4: (48, 96, 192), 8: (48, 96, 192),
+                                                          16: (48, 96, 192, 384), 32: (48, 96)},
+                            lrs={"gpt": (1e-2, 3e-2, 1e-1), "lstm": (3e-3, 1e-2, 3e-2)})),
 }
-TRAIN = dict(eval_every=50, patience=4, stop_at=0.995)  # train_synthetic's stopping rule, stated in every figure
+TRAIN = dict(eval_every=50, stop_at=0.99)  # train_synthetic's only early stop: solved, stated in every figure
 
 
 def seeded(seed):
@@ -46,74 +70,216 @@ def spread(values, digits=0):
     return low if low == high else f"{low}-{high}"
 
 
-def protocol(b, steps):
+def lrs_text(lrs):
+    return "/".join(f"{lr:g}" for lr in lrs)
+
+
+def protocol(b, steps, lrs):
     """The training and selection protocol in one sentence, for the figures' detail lines."""
-    grid = ", ".join(f"{name} {'/'.join(f'{lr:g}' for lr in b['lrs'][name])}" for name in ("gpt", "lstm"))
-    grid_seeds = ", ".join(map(str, SEEDS[:b["grid_seeds"]]))
-    return (f"both models: batch {b['batch']}, at most {steps} steps (warmup + cosine to the cap), scored every "
-            f"{TRAIN['eval_every']}, stopped at {100 * TRAIN['stop_at']:g}% on every selection set or, past half the "
-            f"cap, once the selection loss has not fallen 1% in {TRAIN['patience']} scores; lr grid {grid} with seed "
-            f"{grid_seeds}, the lr best on the selection set run with seeds {', '.join(map(str, SEEDS))}; test-set "
-            f"accuracy, min-max over seeds")
+    grid = ", ".join(f"{name} {lrs_text(lrs[name])}" for name in ("gpt", "lstm"))
+    return (f"both models: batch {b['batch']}, the same cap of {steps} steps (warmup + cosine to the cap), scored "
+            f"every {TRAIN['eval_every']}; a run stops before the cap only once it solves the task "
+            f"({100 * TRAIN['stop_at']:g}% on every selection set); lr grid {grid} with seed "
+            f"{', '.join(map(str, SEEDS[:b['grid_seeds']]))}, widened up to 3 steps past a winning end, the lr best on "
+            f"the selection set run with seeds {', '.join(map(str, SEEDS))}; test-set accuracy, min-max over seeds")
+
+
+def lr_note(name, tuned):
+    """The chosen lr, the grid actually tried, and whether the choice still sits at its edge."""
+    return f"{name} lr {tuned.lr:g} of {lrs_text(tuned.lrs)}" + (" (at the grid's edge)" if tuned.edge else "")
+
+
+def improving_note(name, tuned):
+    n = sum(run.improving for run in tuned.runs.values())
+    return f"{name}: {n} of {len(tuned.runs)} seeds still improving at the cap" if n else ""
 
 
 def grid_note(tuned):
-    """The chosen lrs, where each sits in its grid, and any run the cap stopped while it was still improving."""
-    notes = [f"lr {tuned['gpt'].lr:g} / {tuned['lstm'].lr:g}"]
-    notes += [f"{name} lr at the grid's edge" for name in ("gpt", "lstm") if tuned[name].edge]
-    notes += [f"{name}: {sum(r.capped for r in tuned[name].runs.values())} of {len(SEEDS)} seeds hit the cap still "
-              f"improving" for name in ("gpt", "lstm") if any(r.capped for r in tuned[name].runs.values())]
-    return "; ".join(notes)
+    """The chosen lrs in the grids tried, and any seed the cap stopped while it was still improving."""
+    notes = [lr_note(name, tuned[name]) for name in ("gpt", "lstm")]
+    notes += [improving_note(name, tuned[name]) for name in ("gpt", "lstm")]
+    return "; ".join(note for note in notes if note)
 
 
 def exp_recall(ctx):
-    """Multi-query associative recall, 4 to 64 pairs: each query asks for the value its key had. Accuracy against the
-    bytes of state a model keeps per sequence shows what attention's growing cache buys over a fixed-size state."""
+    """Multi-query associative recall, 4 to 64 pairs in one training mix: each query asks for the value its key had.
+    Both models at equal parameter count."""
     b = BUDGET[ctx.preset]
     configs = synthetic_models(2 * N_KEYS + 1, 3 * max(PAIRS))
     select = {n: recall_batch(b["selection"], n, N_KEYS, generator=seeded(100 + n)) for n in PAIRS}
     test = {n: recall_batch(b["test"], n, N_KEYS, generator=seeded(200 + n)) for n in PAIRS}
     def make(it, g):
         return mixed_recall_batch(b["batch"], min(PAIRS), max(PAIRS), N_KEYS, generator=g)
-    def fit(name, cfg, lrs, grid_seeds):
-        return tune(ctx, "recall", name, cfg, make, lrs, SEEDS, b["recall_steps"],
-                                                      select, test, f"width {cfg.n_embd}", grid_seeds, **TRAIN)
-    tuned, sizes = {}, {}  # sizes[name, width]: (config, Tuned)
-    for name, cfg in configs.items():
-        tuned[name] = fit(name, cfg, b["lrs"][name], b["grid_seeds"])
-        sizes[name, cfg.n_embd] = cfg, tuned[name]
-        for width in b["widths"][name]:
-            wider = replace(cfg, n_embd=width)
-            sizes[name, width] = wider, fit(name, wider, [tuned[name].lr], len(SEEDS))
+    tuned = {name: tune(ctx, "recall", name, cfg, make, b["lrs"][name], SEEDS, b["recall_steps"], select, test,
+                        f"width {cfg.n_embd}", b["grid_seeds"], **TRAIN) for name, cfg in configs.items()}
     def scores(t, n):
         return [run.test[n] for run in t.runs.values()]
     n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     detail = (f"2-layer GPT (width {configs['gpt'].n_embd}, {n_params['gpt']:,} params) vs 2-layer LSTM "
               f"(width {configs['lstm'].n_embd}, {n_params['lstm']:,}); {N_KEYS} keys, each batch {min(PAIRS)}-"
-              f"{max(PAIRS)} pairs (log-uniform); " + protocol(b, b["recall_steps"]))
+              f"{max(PAIRS)} pairs (log-uniform); " + protocol(b, b["recall_steps"], b["lrs"]))
     recall_figure(ctx, tuned, scores, detail)
-    others = ", ".join(f"{name} {'/'.join(map(str, b['widths'][name]))}" for name in configs)
-    state_figure(ctx, sizes, scores, f"{detail}; other widths at the chosen lr, every seed: {others}")
     attention_figure(ctx, tuned["gpt"].runs[0].model, *recall_batch(1, 8, N_KEYS, generator=seeded(7)), 8)
-    def every_run(name):
-        return [run for (model, _), (_, t) in sizes.items() if model == name for run in t.runs.values()]
-    seconds = {name: sum(t.seconds for (model, _), (_, t) in sizes.items() if model == name) for name in configs}
     ctx.row("recall", f"MQAR accuracy % at {' / '.join(map(str, SHOWN))} pairs (test; min-max over {len(SEEDS)} seeds)",
             *(" / ".join(spread(scores(tuned[name], n)) for n in SHOWN) for name in configs),
             f"equal size ({n_params['gpt']:,} vs {n_params['lstm']:,} params); chance (1/pairs) "
             f"{' / '.join(f'{100 / n:.1f}' for n in SHOWN)}; {grid_note(tuned)}; at most {b['recall_steps']} steps of "
-            f"{b['batch']}; {seconds['gpt']:.0f} s / {seconds['lstm']:.0f} s of training, every run of every width")
+            f"{b['batch']}; {tuned['gpt'].seconds:.0f} s / {tuned['lstm'].seconds:.0f} s of training, every run")
 
-    def smallest(name, n):  # the narrowest width whose every seed reaches 90% at n pairs
-        good = sorted(width for (model, width), (_, t) in sizes.items() if model == name and min(scores(t, n)) >= 0.9)
-        return f"{good[0]} ({state_bytes(sizes[name, good[0]][0], 3 * n):,} B)" if good else "-"
 
-    capped = {name: sum(run.capped for run in every_run(name)) for name in configs}
-    ctx.row("recall", f"narrowest width (bytes of state) with >= 90% at {SHOWN[1]} / {SHOWN[2]} pairs, every seed",
-            *(f"{smallest(name, SHOWN[1])} / {smallest(name, SHOWN[2])}" for name in configs),
-            f"widths tried: GPT {sorted(w for m, w in sizes if m == 'gpt')}, LSTM "
-            f"{sorted(w for m, w in sizes if m == 'lstm')}; state: KV cache at 3 x pairs tokens vs h and c; runs "
-            f"at the chosen lr capped while improving: {capped['gpt']} / {capped['lstm']}")
+def state_model(name, width, n_pairs):
+    """synthetic_models' GPT (2 layers, 1 head) or LSTM (2 layers) at another width, for 3 x n_pairs tokens."""
+    return replace(synthetic_models(2 * N_KEYS + 1, 3 * n_pairs)[name], n_embd=width)
+
+
+@dataclass
+class Point:
+    """One width at one number of pairs: its bytes of state, test accuracy and steps to LEVEL per seed (None: not
+    reached), and its grid."""
+    bytes: int
+    test: list
+    steps: list
+    tuned: Tuned
+
+    @property
+    def solves(self):
+        return min(self.test) >= LEVEL
+
+    @property
+    def fails(self):
+        return max(self.test) < LEVEL
+
+
+def exp_recall_state(ctx):
+    """Recall at a fixed number of pairs against the bytes of state: a GPT's KV cache grows with the 3 x pairs tokens
+    it reads, an LSTM's h and c only with its width, so an LSTM should need a wider state for more pairs."""
+    b, s = BUDGET[ctx.preset], BUDGET[ctx.preset]["state"]
+    points = {}  # (name, n_pairs, width) -> Point
+    for n in s["lstm"]:
+        select = {n: recall_batch(b["selection"], n, N_KEYS, generator=seeded(100 + n))}
+        test = {n: recall_batch(b["test"], n, N_KEYS, generator=seeded(200 + n))}
+        def make(it, g, n=n):
+            return recall_batch(b["batch"], n, N_KEYS, generator=g)
+        for name, widths in (("gpt", s["gpt"]), ("lstm", s["lstm"][n])):
+            for width in widths:
+                cfg = state_model(name, width, n)
+                tuned = tune(ctx, "recall_state", name, cfg, make, s["lrs"][name], SEEDS, s["steps"], select, test,
+                             f"{n} pairs, width {width}", b["grid_seeds"], **TRAIN)
+                points[name, n, width] = Point(state_bytes(cfg, 3 * n), [run.test[n] for run in tuned.runs.values()],
+                                               [steps_to(run, LEVEL) for run in tuned.runs.values()], tuned)
+    detail = (f"2-layer GPT (1 head) and 2-layer LSTM at each width, trained and tested on a fixed number of pairs "
+              f"({N_KEYS} keys, 3 x pairs tokens); GPT state: its KV cache after those tokens, LSTM: h and c; "
+              + protocol(b, s["steps"], s["lrs"]) + f"; steps to {100 * LEVEL:g}% read from the selection curve")
+    state_figure(ctx, points, s, detail)
+    for n in s["lstm"]:
+        ctx.row("recall_state", f"narrowest width solving {n} pairs ({3 * n} tokens): >= {100 * LEVEL:g}% test "
+                f"accuracy on every seed (bytes of state)", *(narrowest(points, name, n) for name in ("gpt", "lstm")),
+                state_note(points, n, s, b["batch"]))
+    ctx.verdict("recall_state", "c", *state_verdict(points, tuple(s["lstm"])))
+
+
+def at(points, name, n):
+    return sorted((width, p) for (model, pairs, width), p in points.items() if model == name and pairs == n)
+
+
+def narrowest(points, name, n):
+    good = [(width, p) for width, p in at(points, name, n) if p.solves]
+    if good:
+        return f"{good[0][0]} ({good[0][1].bytes:,} B)"
+    widths = at(points, name, n)
+    return f"none of {'/'.join(str(w) for w, _ in widths)} (up to {widths[-1][1].bytes:,} B)"
+
+
+def state_note(points, n, s, batch):
+    """Each width's accuracy, the lrs chosen in the grids tried, and the runs still improving at the cap."""
+    parts = []
+    for name in ("gpt", "lstm"):
+        widths = at(points, name, n)
+        accuracy = ", ".join(f"{w}: {spread(p.test)}" for w, p in widths)
+        lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + (" (at the edge)" if p.tuned.edge else "")
+                        for w, p in widths)
+        improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
+        parts.append(f"{name} test % by width {accuracy}; lr {lrs}; {improving} of "
+                     f"{sum(len(p.tuned.runs) for _, p in widths)} chosen-lr runs still improving at the cap")
+    lstm, gpt = at(points, "lstm", n)[-1][1].bytes, at(points, "gpt", n)[0][1].bytes
+    overlap = "reaches" if lstm >= gpt else "stays below"
+    return (f"min-max over {len(SEEDS)} seeds; chance (1/pairs) {100 / n:.1f}%; the widest LSTM's state ({lstm:,} B) "
+            f"{overlap} the narrowest GPT's KV cache ({gpt:,} B); " + "; ".join(parts) +
+            f"; at most {s['steps']} steps of {batch}")
+
+
+def state_verdict(points, pairs):
+    """(evidence, status) for reason (c), from the Points alone. Contradicted: at 16 pairs or more an LSTM whose state
+    is no larger than the narrowest solving GPT's KV cache solves. Shown: at some pair count an LSTM with at least
+    that GPT's bytes fails (every seed below LEVEL) where the GPT solves, and the narrowest LSTM width that solves
+    grows with the pairs (never shrinks, ends wider or unsolved). Otherwise not shown, saying what is missing."""
+    def gpt_bytes(n):  # the narrowest solving GPT's KV cache at n pairs, None if no width solves
+        return next((p.bytes for _, p in at(points, "gpt", n) if p.solves), None)
+
+    def lstm_width(n):  # the narrowest solving LSTM width at n pairs; inf if none solves
+        return next((w for w, p in at(points, "lstm", n) if p.solves), float("inf"))
+
+    for n in pairs:
+        small = [(w, p) for w, p in at(points, "lstm", n) if p.solves and gpt_bytes(n) and p.bytes <= gpt_bytes(n)]
+        if n >= 16 and small:
+            w, p = small[0]
+            return (f"at {n} pairs an LSTM of width {w} ({p.bytes:,} B of state) reaches {spread(p.test)}%, within the "
+                    f"narrowest solving GPT's {gpt_bytes(n):,} B", "contradicted here")
+    beaten = [(n, p) for n in pairs if gpt_bytes(n) for _, p in at(points, "lstm", n)
+              if p.bytes >= gpt_bytes(n) and p.fails]
+    need = [lstm_width(n) for n in pairs]
+    grows = need[0] < float("inf") and all(a <= b for a, b in zip(need, need[1:])) and need[-1] > need[0]
+    needed = "/".join("none" if w == float("inf") else str(w) for w in need)
+    trend = f"narrowest solving LSTM width {needed} at {'/'.join(map(str, pairs))} pairs"
+    if beaten and grows:
+        n, p = beaten[0]
+        return (f"at {n} pairs a GPT with a {gpt_bytes(n):,} B cache solves while an LSTM with {p.bytes:,} B reaches "
+                f"{spread(p.test)}%; {trend}", "shown here")
+    if not any(gpt_bytes(n) for n in pairs):
+        missing = "a GPT width that solves some pair count"
+    elif not beaten:
+        missing = "an LSTM at least as large as the GPT's cache that fails where the GPT solves"
+    elif need[0] == float("inf"):
+        missing = f"an LSTM that solves {pairs[0]} pairs, so that its failures can be tied to its state size"
+    else:
+        missing = "a narrowest solving LSTM width that grows with the pairs"
+    return f"needs {missing}; {trend}", "not shown here"
+
+
+def state_figure(ctx, points, s, detail):
+    """Per pair count: test accuracy and steps to LEVEL against bytes of state, both models, chance and LEVEL."""
+    pairs = tuple(s["lstm"])
+    fig, axes = plt.subplots(2, len(pairs), figsize=(3.6 * len(pairs), 7), squeeze=False)
+    for col, n in enumerate(pairs):
+        top, bottom = axes[0, col], axes[1, col]
+        for name, style, color in (("gpt", "o-", "C0"), ("lstm", "s--", "C1")):
+            widths = at(points, name, n)
+            x = [p.bytes for _, p in widths]
+            mean = [100 * sum(p.test) / len(p.test) for _, p in widths]
+            bars = [[max(0, m - 100 * min(p.test)) for m, (_, p) in zip(mean, widths)],  # >= 0 despite rounding
+                    [max(0, 100 * max(p.test) - m) for m, (_, p) in zip(mean, widths)]]
+            top.errorbar(x, mean, yerr=bars, fmt=style, color=color, capsize=2,
+                         label=f"{name}, widths {'/'.join(str(w) for w, _ in widths)}")
+            for _, p in widths:
+                reached = [step for step in p.steps if step is not None]
+                bottom.plot([p.bytes] * len(reached), reached, style[0], color=color, alpha=0.6)
+                missed = len(p.steps) - len(reached)
+                bottom.plot([p.bytes] * missed, [1.08 * s["steps"]] * missed, "x", color=color)
+        top.axhline(100 / n, color="k", ls=":", lw=0.8, label="chance: 1 / pairs")
+        top.axhline(100 * LEVEL, color="gray", ls="--", lw=0.6)
+        bottom.axhline(s["steps"], color="gray", ls="--", lw=0.6)
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # less than a decade apart: minor labels would overlap
+        top.set(title=f"{n} pairs ({3 * n} tokens)", ylim=(0, 102), xlabel="bytes of state (log)",
+                ylabel="test accuracy (%, bars min-max over seeds)" if col == 0 else None)
+        bottom.set(ylim=(0, 1.15 * s["steps"]), xlabel="bytes of state (log)",
+                   ylabel=f"steps to {100 * LEVEL:g}% selection accuracy\n(x: not reached by the cap, dashed)"
+                   if col == 0 else None)
+        top.legend(fontsize=7)
+    fig.suptitle("recall against bytes of state (GPT: KV cache after 3 x pairs tokens; LSTM: h and c), one marker "
+                 "per width", fontsize=10)
+    save(ctx, fig, "recall_state.png", detail)
 
 
 def recall_figure(ctx, tuned, scores, detail):
@@ -133,34 +299,12 @@ def recall_figure(ctx, tuned, scores, detail):
     a.set(xlabel="key-value pairs (sequence of 3 x pairs tokens)", ylabel="test query accuracy (%)", xticks=PAIRS,
           xticklabels=PAIRS, title="multi-query associative recall (band: min-max over seeds)", ylim=(0, 102))
     b.set(xlabel="training step", ylabel="selection-set accuracy (%)", title="learning curves at the chosen lr "
-          "(faint: seed 1)", ylim=(0, 102))
+          f"(faint: seeds {', '.join(map(str, SEEDS[1:]))})", ylim=(0, 102))
+    for n, style in zip(SHOWN[1:], ("--", "-")):
+        b.axhline(100 / n, color="k", ls=style, lw=0.6, label=f"chance at {n} pairs")
     for ax in (a, b):
         ax.legend(fontsize=8)
     save(ctx, fig, "recall.png", detail)
-
-
-def state_figure(ctx, sizes, scores, detail):
-    """Accuracy against bytes of state: a GPT's state grows with the context it reads, an LSTM's with its width."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for i, n in enumerate(PAIRS):
-        for name, style in (("gpt", "o-"), ("lstm", "s--")):
-            points = sorted((state_bytes(cfg, 3 * n), [100 * a for a in scores(t, n)])
-                            for (model, _), (cfg, t) in sizes.items() if model == name)
-            mean = [sum(a) / len(a) for _, a in points]
-            bars = [[m - min(a) for m, (_, a) in zip(mean, points)], [max(a) - m for m, (_, a) in zip(mean, points)]]
-            ax.errorbar([x for x, _ in points], mean, yerr=bars, fmt=style, color=f"C{i}", capsize=2,
-                        label=f"{n} pairs" if name == "gpt" else None)
-        ax.axhline(100 / n, color=f"C{i}", lw=0.6, ls=":")
-    def widths(name):
-        return "/".join(str(w) for model, w in sorted(sizes) if model == name)
-    ax.plot([], [], "ko-", label=f"GPT, widths {widths('gpt')}")
-    ax.plot([], [], "ks--", label=f"LSTM, widths {widths('lstm')}")
-    ax.set_xscale("log")
-    ax.set(xlabel="bytes of state per sequence, fp32 (GPT: KV cache after 3 x pairs tokens; LSTM: h and c)",
-           ylabel="test query accuracy (%)", ylim=(0, 102),
-           title="recall against state size (a marker per width, bars min-max over seeds; dotted: chance)")
-    ax.legend(fontsize=7)
-    save(ctx, fig, "recall_state.png", detail)
 
 
 def attention_figure(ctx, model, x, y, n_pairs):
@@ -188,7 +332,10 @@ def exp_induction(ctx):
     b = BUDGET[ctx.preset]
     configs = synthetic_models(33, 64)
     select = {"second copy": induction_batch(b["selection"], generator=seeded(300))[:2]}
-    test = {"second copy": induction_batch(b["test"], generator=seeded(400))[:2]}
+    *test_set, test_lengths = induction_batch(b["test"], generator=seeded(400))
+    test = {"second copy": test_set}
+    chance = {"uniform over the 32 tokens": 1 / 32,  # filler 0 is never a target
+              "uniform over the segment's tokens not yet seen in the second copy": unseen_chance(test_lengths.tolist())}
     def make(it, g):
         return induction_batch(b["batch"], generator=g)[:2]
     tuned = {name: tune(ctx, "induction", name, cfg, make, b["lrs"][name], SEEDS, b["induction_steps"], select, test,
@@ -206,9 +353,11 @@ def exp_induction(ctx):
         for seed, run in tuned[name].runs.items():
             axes[0].plot([s for s, _ in run.curve], [100 * a["second copy"] for _, a in run.curve], color=color,
                          alpha=1 if seed == 0 else 0.5, label=f"{name}, lr {tuned[name].lr:g}" if seed == 0 else None)
-    axes[0].set(xlabel="training step", ylabel="selection accuracy on the second copy (%)",
-                title="copying a repeat (faint: seed 1)", ylim=(0, 102))
-    axes[0].legend(fontsize=8)
+    for (label, level), style in zip(chance.items(), (":", "--")):
+        axes[0].axhline(100 * level, color="k", ls=style, lw=0.7, label=f"chance: {label}")
+    axes[0].set(xlabel="training step", ylabel="selection accuracy on the second copy (%)", ylim=(0, 102),
+                title=f"copying a repeat (faint: seeds {', '.join(map(str, SEEDS[1:]))})")
+    axes[0].legend(fontsize=6, loc="center right")
     example = int((lengths == 24).nonzero()[0, 0]) if (lengths == 24).any() else 0
     for layer, ax in enumerate(axes[1:]):
         ax.imshow(maps[layer][example, 0].cpu().numpy(), cmap="Blues", vmin=0, vmax=1)
@@ -218,12 +367,29 @@ def exp_induction(ctx):
     n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     steps = {name: " / ".join(str(run.steps) for run in tuned[name].runs.values()) for name in configs}
     save(ctx, fig, "induction.png", f"2-layer GPT ({n_params['gpt']:,} params) vs 2-layer LSTM "
-         f"({n_params['lstm']:,}); segments of 8-32 distinct tokens out of 32; {protocol(b, b['induction_steps'])}; "
+         f"({n_params['lstm']:,}); segments of 8-32 distinct tokens out of 32; "
+         f"{protocol(b, b['induction_steps'], b['lrs'])}; "
          f"steps per seed GPT {steps['gpt']}, LSTM {steps['lstm']}; maps: seed 0, one sequence with a "
          f"{int(lengths[example])}-token segment")
+    accuracy = {name: [run.test["second copy"] for run in tuned[name].runs.values()] for name in configs}
     ctx.row("induction", f"accuracy % on the repeated half (test; min-max over {len(SEEDS)} seeds)",
-            *(spread([run.test["second copy"] for run in tuned[name].runs.values()], 1) for name in configs),
-            f"{grid_note(tuned)}; steps per seed {steps['gpt']} / {steps['lstm']} of at most {b['induction_steps']} "
+            *(spread(accuracy[name], 1) for name in configs),
+            "chance " + ", ".join(f"{label} {100 * level:.1f}%" for label, level in chance.items()) +
+            f"; {grid_note(tuned)}; steps per seed {steps['gpt']} / {steps['lstm']} of at most {b['induction_steps']} "
             f"(batch {b['batch']}); {tuned['gpt'].seconds:.0f} s / {tuned['lstm'].seconds:.0f} s of training")
     ctx.row("induction", "GPT attention: layer 1 on the previous token / layer 2 on the induction target",
             f"{100 * prev:.0f}% / {100 * induct:.0f}%", "", "seed 0, averaged over the second copy of 256 sequences")
+    ctx.verdict("induction", "c", *induction_verdict(accuracy, chance))
+
+
+def induction_verdict(accuracy, chance):
+    """Shown: every GPT seed reaches LEVEL and no LSTM seed does, at equal size and cap; contradicted: every LSTM seed
+    reaches LEVEL too; otherwise not shown. The evidence sets both against the informed chance."""
+    informed = max(chance.values())
+    evidence = (f"second-copy test accuracy GPT {spread(accuracy['gpt'], 1)}% vs LSTM {spread(accuracy['lstm'], 1)}% "
+                f"(chance knowing the segment's tokens {100 * informed:.1f}%)")
+    if min(accuracy["lstm"]) >= LEVEL:
+        return evidence, "contradicted here"
+    if min(accuracy["gpt"]) >= LEVEL and max(accuracy["lstm"]) < LEVEL:
+        return evidence, "shown here"
+    return evidence, "not shown here"

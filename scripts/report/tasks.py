@@ -12,7 +12,7 @@ from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 
-MIN_DELTA = 0.01  # the plateau rule: the selection loss must fall 1% below its last mark to count as progress
+IMPROVING = 0.01  # "still improving at the cap": the selection loss fell by more than this fraction in the last quarter
 
 
 def lstm_preset(vocab_size):
@@ -90,6 +90,15 @@ def induction_batch(batch_size, vocab_size=33, seq_len=64, min_len=8, generator=
     return x, y, lengths[:, 0]
 
 
+def unseen_chance(lengths):
+    """Induction's informed chance: the accuracy on the second copy of a model that knows the segment's tokens but not
+    their order, so guesses uniformly among those not yet seen in the second copy. Inside a copy of S tokens the j-th
+    scored position (j = 0..S-2) has S-1-j of them left, so a sequence scores H(S-1) hits out of S-1; pooled over
+    the sequences of lengths (as evaluate pools positions)."""
+    hits = sum(sum(1 / k for k in range(1, S)) for S in lengths)
+    return hits / sum(S - 1 for S in lengths)
+
+
 @torch.no_grad()
 def evaluate(model, x, y):
     """Accuracy and mean cross-entropy over the scored positions (targets >= 0)."""
@@ -103,46 +112,55 @@ def evaluate(model, x, y):
 class Run:
     """One trained configuration: the model as training left it, the curve [(step, {eval set: accuracy})], the steps
     and seconds it took, its mean accuracy over the eval sets at the end, whether it reached stop_at on every eval
-    set, whether the cap stopped it while its loss was still falling, and (filled by tune) its test accuracies."""
+    set, whether it was still improving when the cap stopped it, and (filled by tune) its test accuracies."""
     model: torch.nn.Module
     curve: list
     steps: int
     seconds: float
     select: float
     solved: bool
-    capped: bool
+    improving: bool
     test: dict = field(default_factory=dict)
 
 
-def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.995, eval_every=50, patience=4,
-                    seed=0, desc="train"):
+def steps_to(run, level=0.9):
+    """The first scored step at which every eval set reached level, from the curve; None if it never did."""
+    return next((step for step, accs in run.curve if min(accs.values()) >= level), None)
+
+
+def still_improving(losses, steps):
+    """losses [(step, summed selection loss)]: did the loss fall by more than IMPROVING over the last quarter?"""
+    before = [loss for step, loss in losses if step <= 3 * steps / 4][-1]
+    return losses[-1][1] < (1 - IMPROVING) * before
+
+
+def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.99, eval_every=50, seed=0,
+                    desc="train"):
     """A short plain loop (train.py's AdamW, warmup + cosine schedule to the cap `steps` and gradient clipping) on
-    freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the eval sets and
-    stops once every one is at stop_at, or, past half the cap, at a plateau: patience scores in a row without the
-    summed eval loss falling 1% below its last mark. The plateau reads the loss, not the accuracy, and waits for half
-    the cap: an LSTM on recall sits on a chance plateau for hundreds of steps before its loss starts to fall."""
+    freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the eval sets; it
+    stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap, whatever its
+    model. At the cap it records whether the summed selection loss was still falling (still_improving)."""
     torch.manual_seed(seed)
     model = build_model(model_cfg).to(device)
     train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=min(50, steps // 10))
     optimizer = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
     evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
-    curve, mark, stale, start = [], math.inf, 0, time.time()
+    curve, losses, start = [], [], time.time()
     for it in tqdm(range(steps + 1), desc=desc, leave=False):
         if it % eval_every == 0 or it == steps:
             scored = {name: evaluate(model, x, y) for name, (x, y) in evals.items()}
             curve.append((it, {name: acc for name, (acc, _) in scored.items()}))
-            total = sum(loss for _, loss in scored.values())
-            mark, stale = (total, 0) if total < mark * (1 - MIN_DELTA) else (mark, stale + 1)
+            losses.append((it, sum(loss for _, loss in scored.values())))
             solved = min(curve[-1][1].values()) >= stop_at
-            if it == steps or solved or (stale >= patience and 2 * it >= steps):
+            if it == steps or solved:
                 break
         set_lr(optimizer, get_lr(it, train_cfg))
         x, y = make_batch(it, generator)
         train_step(model, optimizer, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
     select = sum(curve[-1][1].values()) / len(evals)
-    capped = it == steps and not solved and stale < patience  # the plateau rule would have let it go on
-    return Run(model.eval(), curve, it, time.time() - start, select, solved, capped)
+    improving = not solved and still_improving(losses, steps)
+    return Run(model.eval(), curve, it, time.time() - start, select, solved, improving)
 
 
 @dataclass
@@ -161,18 +179,21 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
     """Train cfg at every lr with the first grid_seeds seeds, choose one on the selection set, then train it with the
     remaining seeds; the test sets score every run and never choose. The choice: the lr that solves (reaches stop_at)
     with the most seeds; among lrs that solve with all, the fastest; otherwise the best selection accuracy. Every run
-    goes to ctx.grid_point: its selection score, each test score and whether the cap stopped it while improving.
+    goes to ctx.grid_point: its selection score, each test score, the steps to 90% on every selection set (or "not
+    reached") and whether it was still improving at the cap.
     train: train_synthetic's options."""
     def fit(lr, seed):
         run = train_synthetic(cfg, make_batch, steps, lr, select, ctx.device, seed=seed,
                               desc=f"{experiment} {name} {setting} lr {lr:g} seed {seed}", **train)
         run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
         tqdm.write(f"{experiment} {name} {setting} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
-                   f"selection {100 * run.select:.1f}%" + (", capped while improving" if run.capped else ""))
-        measured = [("selection accuracy", run.select), *((f"test accuracy {k}", v) for k, v in run.test.items()),
-                    ("capped while improving (1 = yes)", int(run.capped))]
+                   f"selection {100 * run.select:.1f}%" + (", still improving at the cap" if run.improving else ""))
+        measured = [("selection accuracy", round(run.select, 4)),
+                    *((f"test accuracy {k}", round(v, 4)) for k, v in run.test.items()),
+                    ("steps to 90% selection accuracy", steps_to(run) if steps_to(run) is not None else "not reached"),
+                    ("still improving at the cap (1 = yes)", int(run.improving))]
         for metric, value in measured:
-            ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, round(value, 4))
+            ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, value)
         return run
 
     def merit(runs):
