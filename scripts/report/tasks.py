@@ -136,13 +136,16 @@ def still_improving(losses, steps):
 
 def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.99, eval_every=50, seed=0,
                     desc="train"):
-    """A short plain loop (train.py's AdamW, warmup + cosine schedule to the cap `steps` and gradient clipping) on
-    freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the eval sets; it
-    stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap, whatever its
-    model. At the cap it records whether the summed selection loss was still falling (still_improving)."""
+    """A short plain loop (train.py's Muon and AdamW, warmup + cosine schedule to the cap `steps` and gradient
+    clipping) on freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the
+    eval sets; it stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap,
+    whatever its model. At the cap it records whether the summed selection loss was still falling (still_improving)."""
     torch.manual_seed(seed)
     model = build_model(model_cfg).to(device)
-    train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=min(50, steps // 10))
+    # Muon (at its default muon_lr) on both models' hidden matrices, lr for the rest: with AdamW alone the GPT too
+    # stays at chance for 600 steps of recall (docs/log.md)
+    train_cfg = TrainConfig(optimizer="muon", learning_rate=lr, min_lr=lr / 10, max_iters=steps,
+                            warmup_iters=min(50, steps // 10))
     optimizer = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
     evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
