@@ -11,6 +11,7 @@ import scripts.evaluate
 import scripts.export
 import scripts.hellaswag
 import scripts.report.__main__
+import scripts.report.gpu
 import scripts.runs
 import train
 from attnlab.config import run_cli
@@ -27,6 +28,7 @@ ARGPARSE_COMMANDS = {
     "scripts.runs": (scripts.runs.main, "Compare training runs"),
     "scripts.bench": (scripts.bench.main, "Benchmarks"),
     "scripts.report": (scripts.report.__main__.main, "attention"),
+    "scripts.report.gpu": (scripts.report.gpu.main, "--smoke"),
 }
 
 
