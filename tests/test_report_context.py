@@ -13,8 +13,7 @@ from train import train
 LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
                lrs=dict(gpt=[1e-2], lstm=[3e-2]), grid_seeds=1, seeds=2, evals=2, eval_iters=1, select_windows=4,
                test_windows=8, windows=[8])
-TINY = dict(windows=8, distances=[4, 8], span=4, batch_size=4, steps=10, eval_every=5, select_sequences=4,
-            test_sequences=8)
+TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps=10, test_sequences=8)
 
 
 def test_context_end_to_end(tmp_path, monkeypatch):
@@ -38,7 +37,7 @@ def test_context_end_to_end(tmp_path, monkeypatch):
     assert verdict["experiment"] == "context" and verdict["status"] in rows["gap at D = 8"]["note"]
     points = [p for p in ctx.grid if p["experiment"] == "context"]
     assert len(points) == 2 * 2 * 2  # 2 models x 2 distances x (repeat, first copy)
-    assert {p["setting"] for p in points} == {"repeat D=4 span=4 context=12", "repeat D=8 span=4 context=12"}
+    assert {p["setting"] for p in points} == {"repeat D=4 span=4 context=16", "repeat D=8 span=4 context=16"}
 
 
 def test_truncate_replaces_all_but_the_last_k():
@@ -53,16 +52,19 @@ def test_truncate_replaces_all_but_the_last_k():
 
 def test_the_span_repeats_at_distance_d():
     tokens = np.arange(1000).astype(np.uint16) % 50 + 50  # text tokens 50..99; the span's are drawn from 0..49
-    x, y, d = context.repeat_batch(tokens, 16, [5, 9, 20], 4, 24, 50, torch.Generator().manual_seed(0))
-    assert x.shape == y.shape == (16, 24) and set(d.tolist()) <= {5, 9, 20} and len(set(d.tolist())) > 1
+    x, y, d, at = context.repeat_batch(tokens, 64, [5, 9, 20], 4, 24, 50, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (64, 24) and set(d.tolist()) == {5, 9, 20}
+    assert len(set(at.tolist())) > 5  # the pair sits at many places
     s = torch.cat([x, y[:, -1:]], 1)  # the window, (B, 25)
     assert torch.equal(y[:, :-1], x[:, 1:])  # targets are the next tokens
-    for row, D in zip(s, d.tolist()):
-        span = row[-4:]
-        assert torch.equal(row[-4 - D:-D], span) and (span < 50).all()  # the span again, D earlier
-        assert (row[:-4 - D] >= 50).all() and (row[-D:-4] >= 50).all()  # text around and between the copies
-    kept = context.masked(y, 4)
-    assert ((kept >= 0).sum(1) == 3).all() and torch.equal(kept[:, -3:], y[:, -3:])  # the copyable 3 of 4
+    for row, D, a in zip(s, d.tolist(), at.tolist()):
+        assert a - D >= 0 and a + 4 <= 25
+        span = row[a:a + 4]
+        assert torch.equal(row[a - D:a - D + 4], span) and (span < 50).all()  # the span again, D earlier
+        assert (row < 50).sum() == 8  # text everywhere else
+    kept = context.copyable(y, at, 4)
+    assert ((kept >= 0).sum(1) == 3).all()
+    assert all(torch.equal(k[a:a + 3], s[i, a + 1:a + 4]) for i, (k, a) in enumerate(zip(kept, at.tolist())))
 
 
 def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():

@@ -1,12 +1,13 @@
 """How far back each model uses its context, two ways: (i) the lm experiment's trained models scored at the last
 position of a window whose tokens more than k back are replaced by draws from the corpus's unigram distribution
 (Khandelwal et al. 2018: the k past which replacing changes nothing is the context a model uses); (ii) both models
-trained briefly on a corpus where a span of random tokens repeats at distance D, scored on the repeat, which only a
-model that reaches D tokens back can copy.
+trained briefly on text where a span of random tokens repeats at distance D (the loss on the repeat only), scored on
+the repeat, which only a model that reaches D tokens back can copy.
     python -m scripts.report --only context
 """
 import math
 import shutil
+import time
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -15,23 +16,23 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from attnlab.config import compose
+from attnlab.checkpoint import build_model
+from attnlab.config import TrainConfig, compose
+from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 from data.corpus import load_split
 from scripts.report import RUNS, lm
-from scripts.report.tasks import train_synthetic
 
 # windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) scored at their
-# last position for every k; distances, span: the repeat corpus's D values and span length (its context is
-# max(distances) + span); batch_size, steps, eval_every: the repeat runs' sequences a step, step cap and how often
-# train_synthetic scores the selection sets (it stops once every D is copied, or at a plateau past half the cap);
-# select_sequences, test_sequences: sequences per D in those sets and in the test sets.
+# last position for every k; distances, span, context: the repeat corpus's D values, span length and window (room
+# for the pair at many places even at the largest D); batch_size, steps: the repeat runs' sequences a step and
+# steps (the same for both models); test_sequences: test sequences per D (their text from the val split's 2nd half).
 # Sized by steps x one measured step on 2 threads: quick ~2.5 min (the lm runs' scoring ~50 s, two repeat runs at
 # context 528 ~90 s), full ~16 min (~6 min scoring the 0.8M-param lm models, ~10 min two runs at context 1024).
 BUDGET = {
-    "quick": dict(windows=512, distances=[32, 128, 512], span=16, batch_size=8, steps=300, eval_every=50,
-                  select_sequences=64, test_sequences=256),
-    "full": dict(windows=1024, distances=[32, 128, 512, 1000], span=24, batch_size=4, steps=500, eval_every=50,
-                 select_sequences=64, test_sequences=512),
+    "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=16, steps=250,
+                  test_sequences=256),
+    "full": dict(windows=1024, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=8, steps=400,
+                 test_sequences=512),
 }
 SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
 
@@ -108,17 +109,24 @@ def effective_context(ks, rises):
 
 
 def repeat_batch(tokens, batch_size, distances, span, T, vocab_size, generator):
-    """Windows of T + 1 tokens of text (tokens) whose last span tokens, and the span tokens starting D earlier, are
-    one span of uniform random tokens; D drawn from distances per row. Returns inputs and targets (B, T) and D (B,).
-    The repeat's targets are the last span - 1 (its first token cannot be known; the rest can be copied)."""
+    """Windows of T + 1 tokens of text (tokens) in which one span of uniform random tokens appears twice, the second
+    copy D after the first, both anywhere in the window (no fixed place to find them by); D drawn from distances per
+    row. Returns inputs and targets (B, T), D (B,) and where the second copy starts (B,), which is also the target
+    index of its first copyable token (its first token cannot be known, the other span - 1 can be copied)."""
     starts = torch.randint(len(tokens) - T - 1, (batch_size,), generator=generator)
     s = torch.from_numpy(tokens[starts.numpy()[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T + 1)
     d = torch.tensor(distances)[torch.randint(len(distances), (batch_size,), generator=generator)]  # (B,)
+    at = d + (torch.rand(batch_size, generator=generator) * (T + 2 - span - d)).long()  # in [D, T + 1 - span]
     spans = torch.randint(vocab_size, (batch_size, span), generator=generator)  # (B, span)
-    second = T + 1 - span  # where the second copy starts in s
-    s[:, second:] = spans
-    s[torch.arange(batch_size)[:, None], (second - d)[:, None] + torch.arange(span)] = spans
-    return s[:, :-1], s[:, 1:], d
+    rows, offsets = torch.arange(batch_size)[:, None], torch.arange(span)
+    s[rows, (at - d)[:, None] + offsets] = spans
+    s[rows, at[:, None] + offsets] = spans
+    return s[:, :-1], s[:, 1:], d, at
+
+
+def copy_targets(at, span):
+    """The target indices (B, span - 1) of the copyable tokens of copies starting at at (B,)."""
+    return at[:, None] + torch.arange(1, span, device=at.device) - 1
 
 
 def repeat_model(summary, name, T):
@@ -127,49 +135,52 @@ def repeat_model(summary, name, T):
 
 
 def repeat_run(ctx, budget, summary, name):
-    """One model trained on the repeat corpus at the lm experiment's lr, then its loss on the repeat and on the first
-    copy (the same offsets, not copyable) at each D: {D: dict(repeat, se, first)}, with the run's steps and seconds."""
+    """One model trained on the repeat corpus at the lm experiment's lr and optimizer, then its loss on the repeat and
+    on the first copy (the same offsets, not copyable) at each D: {D: dict(repeat, se, first)}, with the run's
+    steps and seconds."""
     span, distances, data_dir = budget["span"], budget["distances"], summary["data_dir"]
-    T, vocab, lr = max(distances) + span, summary["vocab"], summary[name]["lr"]
-    train_tokens, (select_half, test_half) = load_split(data_dir, "train"), lm.halves(data_dir)
-    def sets(tokens, n, seed):
-        generator = torch.Generator().manual_seed(seed)
-        return {D: repeat_batch(tokens, n, [D], span, T, vocab, generator) for D in distances}
-    select = {f"D={D}": (x, masked(y, span)) for D, (x, y, _) in sets(select_half, budget["select_sequences"],
-                                                                         1).items()}
-    def make_batch(it, generator):
-        return repeat_batch(train_tokens, budget["batch_size"], distances, span, T, vocab, generator)[:2]
-    run = train_synthetic(repeat_model(summary, name, T), make_batch, budget["steps"], lr, select, ctx.device,
-                          eval_every=budget["eval_every"], seed=SEED, desc=f"context: repeat corpus, {name}")
-    scores = {D: repeat_scores(run.model, x, y, d, span) for D, (x, y, d) in sets(test_half,
-                                                                                  budget["test_sequences"], 2).items()}
+    T, vocab, lr, steps = budget["context"], summary["vocab"], summary[name]["lr"], budget["steps"]
+    train_tokens, test_half = load_split(data_dir, "train"), lm.halves(data_dir)[1]
+    torch.manual_seed(SEED)
+    model = build_model(repeat_model(summary, name, T)).to(ctx.device)
+    # as the lm experiment trains: AdamW, warmup then cosine to lr/10, the same steps for both models
+    train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=steps // 10,
+                            optimizer="adamw")
+    optimizer = make_optimizer(model, train_cfg, ctx.device)
+    generator, start = torch.Generator().manual_seed(SEED), time.time()
+    for it in tqdm(range(steps), desc=f"context: repeat corpus, {name}", leave=False):
+        set_lr(optimizer, get_lr(it, train_cfg))
+        x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], distances, span, T, vocab, generator)
+        y = copyable(y, at, span)  # a brief run spends every gradient on the copy (the text's loss: the lm experiment)
+        train_step(model, optimizer, [(x.to(ctx.device), y.to(ctx.device))], grad_clip=train_cfg.grad_clip)
+    seconds, generator = time.time() - start, torch.Generator().manual_seed(SEED + 1)
+    model.eval()
+    scores = {D: repeat_scores(model, *repeat_batch(test_half, budget["test_sequences"], [D], span, T, vocab,
+                                                    generator), span) for D in distances}
     for D, score in scores.items():
         for metric in ("repeat", "first"):
-            ctx.grid_point("context", name, f"repeat D={D} span={span} context={T}", lr, SEED, run.steps,
-                           run.seconds, f"{'repeated' if metric == 'repeat' else 'first'} span test loss",
-                           round(score[metric], 4))
-    return dict(scores=scores, steps=run.steps, seconds=run.seconds, lr=lr, T=T)
+            ctx.grid_point("context", name, f"repeat D={D} span={span} context={T}", lr, SEED, steps, seconds,
+                           f"{'repeated' if metric == 'repeat' else 'first'} span test loss", round(score[metric], 4))
+    return dict(scores=scores, steps=steps, seconds=seconds, lr=lr, T=T)
 
 
-def masked(y, span):
-    """Targets with only the repeat's last span - 1 kept (-1 elsewhere): what train_synthetic's selection sets score."""
-    out = torch.full_like(y, -1)
-    out[:, -(span - 1):] = y[:, -(span - 1):]
-    return out
+def copyable(y, at, span):
+    """Targets y (B, T) with only the repeat's copyable span - 1 kept, -1 (ignored) elsewhere."""
+    keep = copy_targets(at, span)
+    return torch.full_like(y, -1).scatter(1, keep, y.gather(1, keep))
 
 
 @torch.no_grad()
-def repeat_scores(model, x, y, d, span, batch_size=32):
+def repeat_scores(model, x, y, d, at, span, batch_size=32):
     """Mean loss over the repeat's copyable tokens, its standard error over the sequences, and the mean loss at the
     same tokens of the first copy."""
     device, repeat, first = next(model.parameters()).device, [], []
-    T = x.size(1)
     for i in range(0, len(x), batch_size):
-        xb, yb, db = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device), d[i:i + batch_size].to(device)
+        xb, yb = x[i:i + batch_size].to(device), y[i:i + batch_size].to(device)
+        db, ab = d[i:i + batch_size].to(device), at[i:i + batch_size].to(device)
         losses = F.cross_entropy(model(xb)[0].transpose(1, 2), yb, reduction="none")  # (B, T)
-        repeat.append(losses[:, -(span - 1):].mean(1))
-        offsets = (T + 1 - span - db)[:, None] + torch.arange(span - 1, device=device)  # the first copy's targets
-        first.append(losses.gather(1, offsets).mean(1))
+        repeat.append(losses.gather(1, copy_targets(ab, span)).mean(1))
+        first.append(losses.gather(1, copy_targets(ab - db, span)).mean(1))
     repeat, first = torch.cat(repeat), torch.cat(first)
     return dict(repeat=repeat.mean().item(), se=(repeat.std() / math.sqrt(len(repeat))).item(),
                 first=first.mean().item())
@@ -264,5 +275,5 @@ def context_figure(ctx, budget, summary, rises, repeats):
     for ax in (a, b):
         ax.legend(fontsize=7)
     ctx.save(fig, "context.png", f"left: {lm.lm_detail(summary)}\nright: the same shapes at context "
-             f"{repeats['gpt']['T']}, trained {budget['steps']} steps (or to a stop) x {budget['batch_size']} "
+             f"{repeats['gpt']['T']}, trained {budget['steps']} steps x {budget['batch_size']} "
              f"sequences on the repeat corpus, span {budget['span']}, seed {SEED}")
