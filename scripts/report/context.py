@@ -225,7 +225,8 @@ def context_rows(ctx, budget, summary, rises, repeats):
                         f"{repeats[name]['seconds']:.0f} s" for name in ("gpt", "lstm"))
     ctx.row("context", f"loss on a repeated span of {span} random tokens at D = " + " / ".join(map(str, distances)),
             losses("gpt", "repeat"), losses("lstm", "repeat"),
-            f"each model trained on text (the lm corpus) with a span repeated at distance D, context "
+            f"each model trained on text (the lm corpus) with a span repeated at distance D, the loss on the repeat's "
+            f"copyable {span - 1} tokens only, context "
             f"{repeats['gpt']['T']}, {budget['batch_size']} sequences a step, seed {SEED}; {trained}; the first "
             f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (ln V = "
             f"{math.log(summary['vocab']):.2f}); {budget['test_sequences']} test sequences a D (val 2nd half), "

@@ -52,8 +52,8 @@ def exp_sizes(ctx):
         # muP-style: Adam's per-weight step shrinks with the width, so the hidden matrices' updates keep their scale
         larger = [fit(ctx, budget, data_dir, m, float(f"{best * small['width'] / m['width']:.3g}"), 0)
                   for m in ladder[name][1:]]
-        runs[name] = dict(lr=best, lrs=lrs, edge=best in (min(lrs), max(lrs)), seeds=list(seeds.values()),
-                          by_size=[seeds[0], *larger])
+        runs[name] = dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)),
+                          seeds=list(seeds.values()), by_size=[seeds[0], *larger])
     references = ngram_losses(data_dir)
     sizes_rows(ctx, budget, ladder, runs, references)
     sizes_figure(ctx, budget, ladder, runs, references)
