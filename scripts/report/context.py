@@ -26,12 +26,12 @@ from scripts.report import RUNS, lm
 # last position for every k; distances, span, context: the repeat corpus's D values, span length and window (room
 # for the pair at many places even at the largest D); batch_size, steps: the repeat runs' sequences a step and
 # steps (the same for both models); test_sequences: test sequences per D (their text from the val split's 2nd half).
-# Sized by steps x one measured step on 2 threads: quick ~2.5 min (the lm runs' scoring ~50 s, two repeat runs at
-# context 528 ~90 s), full ~16 min (~6 min scoring the 0.8M-param lm models, ~10 min two runs at context 1024).
+# Sized by steps x one measured step on 2 threads: quick ~2 min (scoring 3 seeds of the lm models ~40 s, two repeat
+# runs at context 336 ~80 s), full ~17 min (~5.5 min scoring the 0.8M-param lm models, ~11 min two runs at 1024).
 BUDGET = {
     "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=16, steps=250,
                   test_sequences=256),
-    "full": dict(windows=1024, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=8, steps=400,
+    "full": dict(windows=1024, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=8, steps=300,
                  test_sequences=512),
 }
 SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
@@ -266,11 +266,13 @@ def context_figure(ctx, budget, summary, rises, repeats):
         b.plot(distances, [scores[D]["first"] for D in distances], "--", color=color, lw=1,
                label=f"{name}: first copy")
     a.set_xscale("log", base=2)
+    a.set_xticks(ks, [str(k) for k in ks])
     a.axhline(0, color="gray", lw=0.8)
     a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the full window (nats)",
           title="lm models: context beyond k replaced (dotted: effective)")
     b.axhline(math.log(summary["vocab"]), color="gray", ls=":", lw=1, label="ln V (a uniform guess)")
     b.set_xscale("log", base=2)
+    b.set_xticks(budget["distances"], [str(D) for D in budget["distances"]])
     b.set(xlabel="distance D between the span and its repeat", ylabel="test loss on the span (nats/token)",
           title="repeat corpus (bars: 2 standard errors)")
     for ax in (a, b):
