@@ -52,7 +52,8 @@ def test_truncate_replaces_all_but_the_last_k():
 
 def test_the_span_repeats_at_distance_d():
     tokens = np.arange(1000).astype(np.uint16) % 50 + 50  # text tokens 50..99; the span's are drawn from 0..49
-    x, y, d, at = context.repeat_batch(tokens, 64, [5, 9, 20], 4, 24, 50, torch.Generator().manual_seed(0))
+    x, y, d, at = context.repeat_batch(tokens, 64, [5, 9, 20], 4, 24, torch.arange(50),
+                                       torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (64, 24) and set(d.tolist()) == {5, 9, 20}
     assert len(set(at.tolist())) > 5  # the pair sits at many places
     s = torch.cat([x, y[:, -1:]], 1)  # the window, (B, 25)

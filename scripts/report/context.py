@@ -108,8 +108,9 @@ def effective_context(ks, rises):
     return effective
 
 
-def repeat_batch(tokens, batch_size, distances, span, T, vocab_size, generator):
-    """Windows of T + 1 tokens of text (tokens) in which one span of uniform random tokens appears twice, the second
+def repeat_batch(tokens, batch_size, distances, span, T, alphabet, generator):
+    """Windows of T + 1 tokens of text (tokens) in which one span of tokens drawn uniformly from alphabet (ids)
+    appears twice, the second
     copy D after the first, both anywhere in the window (no fixed place to find them by); D drawn from distances per
     row. Returns inputs and targets (B, T), D (B,) and where the second copy starts (B,), which is also the target
     index of its first copyable token (its first token cannot be known, the other span - 1 can be copied)."""
@@ -117,7 +118,7 @@ def repeat_batch(tokens, batch_size, distances, span, T, vocab_size, generator):
     s = torch.from_numpy(tokens[starts.numpy()[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T + 1)
     d = torch.tensor(distances)[torch.randint(len(distances), (batch_size,), generator=generator)]  # (B,)
     at = d + (torch.rand(batch_size, generator=generator) * (T + 2 - span - d)).long()  # in [D, T + 1 - span]
-    spans = torch.randint(vocab_size, (batch_size, span), generator=generator)  # (B, span)
+    spans = alphabet[torch.randint(len(alphabet), (batch_size, span), generator=generator)]  # (B, span)
     rows, offsets = torch.arange(batch_size)[:, None], torch.arange(span)
     s[rows, (at - d)[:, None] + offsets] = spans
     s[rows, at[:, None] + offsets] = spans
@@ -141,6 +142,9 @@ def repeat_run(ctx, budget, summary, name):
     span, distances, data_dir = budget["span"], budget["distances"], summary["data_dir"]
     T, vocab, lr, steps = budget["context"], summary["vocab"], summary[name]["lr"], budget["steps"]
     train_tokens, test_half = load_split(data_dir, "train"), lm.halves(data_dir)[1]
+    # the span's tokens: the rarer half of the vocabulary, so that the current token mostly finds its one earlier
+    # occurrence in the span (common characters would match all over the text between the copies)
+    alphabet = torch.from_numpy(np.bincount(train_tokens, minlength=vocab).argsort()[:vocab // 2].copy())
     torch.manual_seed(SEED)
     model = build_model(repeat_model(summary, name, T)).to(ctx.device)
     # as the lm experiment trains: AdamW, warmup then cosine to lr/10, the same steps for both models
@@ -150,12 +154,12 @@ def repeat_run(ctx, budget, summary, name):
     generator, start = torch.Generator().manual_seed(SEED), time.time()
     for it in tqdm(range(steps), desc=f"context: repeat corpus, {name}", leave=False):
         set_lr(optimizer, get_lr(it, train_cfg))
-        x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], distances, span, T, vocab, generator)
+        x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], distances, span, T, alphabet, generator)
         y = copyable(y, at, span)  # a brief run spends every gradient on the copy (the text's loss: the lm experiment)
         train_step(model, optimizer, [(x.to(ctx.device), y.to(ctx.device))], grad_clip=train_cfg.grad_clip)
     seconds, generator = time.time() - start, torch.Generator().manual_seed(SEED + 1)
     model.eval()
-    scores = {D: repeat_scores(model, *repeat_batch(test_half, budget["test_sequences"], [D], span, T, vocab,
+    scores = {D: repeat_scores(model, *repeat_batch(test_half, budget["test_sequences"], [D], span, T, alphabet,
                                                     generator), span) for D in distances}
     for D, score in scores.items():
         for metric in ("repeat", "first"):
@@ -228,8 +232,9 @@ def context_rows(ctx, budget, summary, rises, repeats):
             f"each model trained on text (the lm corpus) with a span repeated at distance D, the loss on the repeat's "
             f"copyable {span - 1} tokens only, context "
             f"{repeats['gpt']['T']}, {budget['batch_size']} sequences a step, seed {SEED}; {trained}; the first "
-            f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (ln V = "
-            f"{math.log(summary['vocab']):.2f}); {budget['test_sequences']} test sequences a D (val 2nd half), "
+            f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (a uniform guess over the span's "
+            f"alphabet, the vocabulary's rarer half: {math.log(summary['vocab'] // 2):.2f}); "
+            f"{budget['test_sequences']} test sequences a D (val 2nd half), "
             f"standard error up to {max(s['se'] for r in repeats.values() for s in r['scores'].values()):.3f}")
     by_d = {name: [(repeats[name]["scores"][D]["repeat"], repeats[name]["scores"][D]["se"]) for D in distances]
             for name in ("gpt", "lstm")}
@@ -270,7 +275,7 @@ def context_figure(ctx, budget, summary, rises, repeats):
     a.axhline(0, color="gray", lw=0.8)
     a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the full window (nats)",
           title="lm models: context beyond k replaced (dotted: effective)")
-    b.axhline(math.log(summary["vocab"]), color="gray", ls=":", lw=1, label="ln V (a uniform guess)")
+    b.axhline(math.log(summary["vocab"] // 2), color="gray", ls=":", lw=1, label="a uniform guess over the alphabet")
     b.set_xscale("log", base=2)
     b.set_xticks(budget["distances"], [str(D) for D in budget["distances"]])
     b.set(xlabel="distance D between the span and its repeat", ylabel="test loss on the span (nats/token)",
