@@ -83,3 +83,8 @@ def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():
 ])
 def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, status):
     assert context.decide(gpt, lstm) == status
+
+
+def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_beyond_the_noise():
+    assert context.copied(dict(first=4.0, repeat=3.0, se=0.1))
+    assert not context.copied(dict(first=4.0, repeat=3.85, se=0.1))

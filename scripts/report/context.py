@@ -190,6 +190,11 @@ def repeat_scores(model, x, y, d, at, span, batch_size=32):
                 first=first.mean().item())
 
 
+def copied(score):
+    """Whether the repeat costs less than the first copy by more than twice the repeat's standard error."""
+    return score["first"] - score["repeat"] > 2 * score["se"]
+
+
 def decide(gpt, lstm):
     """The verdict from the repeat's loss by D (ascending), each model's [(loss, standard error)]: shown where the
     LSTM is worse than the GPT at the longest D and its loss rises from the shortest to the longest D more than the
@@ -240,13 +245,16 @@ def context_rows(ctx, budget, summary, rises, repeats):
             for name in ("gpt", "lstm")}
     status = decide(by_d["gpt"], by_d["lstm"])
     lo, hi = distances[0], distances[-1]
+    copies = {name: [D for D in distances if copied(repeats[name]["scores"][D])] for name in ("gpt", "lstm")}
+    copy_note = "; ".join(f"{name} copies (repeat below the first copy by > 2 standard errors) at D = "
+                          + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
     evidence = (f"on the repeated span the LSTM's loss goes {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f} "
                 f"nats from D = {lo} to {hi}, the GPT's {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f} "
                 f"(noise: twice the standard errors); effective context on text {effective['gpt']} (gpt) / "
                 f"{effective['lstm']} (lstm) of {T}")
     gap = by_d["lstm"][-1][0] - by_d["gpt"][-1][0]
     ctx.row("context", f"gap at D = {hi}, LSTM - GPT, repeated span", f"{gap:+.3f}", "-",
-            f"{evidence}; that the LSTM uses long context worse than attention is {status}")
+            f"{evidence}; {copy_note}; that the LSTM uses long context worse than attention is {status}")
     ctx.verdict("context", "b", evidence, status)
 
 
