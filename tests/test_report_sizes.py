@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import compose, words_corpus
+from conftest import WORDS, compose, words_corpus
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
@@ -36,7 +36,8 @@ def test_sizes_end_to_end(tiny_report):
     by_size = rows["test loss by size, final weights, seed 0"]
     for side in ("gpt", "lstm"):
         losses = [float(v) for v in by_size[side].split(" / ")]
-        assert len(losses) == 2 and all(0 < v < math.log(14 + 2) for v in losses)  # better than uniform over chars
+        vocab = len(set("".join(WORDS)) | {" "})
+        assert len(losses) == 2 and all(0 < v < math.log(vocab) for v in losses)  # better than uniform over chars
     assert "scaled as 1/width" in by_size["note"]
     gap = rows["gap, LSTM - GPT test loss, smallest / largest size"]
     [verdict] = ctx.verdicts
