@@ -25,15 +25,15 @@ from scripts.report import RUNS, lm
 # windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) scored at their
 # last position for every k; distances, span, context: the repeat corpus's D values, span length and window (room
 # for the pair at many places even at the largest D); batch_size, steps: the repeat runs' sequences a step and
-# steps (the same for both models; small batches for more steps at the same tokens: in a first quick try 250 steps
-# of 16 left both models at the uniform guess on the repeat); test_sequences: test sequences per D (their text from
+# steps (the same for both models; the quick GPT sat at the uniform guess on the repeat after 500 steps of 8 and
+# copied at every D, ~0.1 nats, after 2000); test_sequences: test sequences per D (their text from
 # the val split's 2nd half).
-# Sized by steps x one measured step on 2 threads: quick ~2 min (scoring 3 seeds of the lm models ~40 s, two repeat
-# runs at context 336 ~80 s), full ~17 min (~5.5 min scoring the 0.8M-param lm models, ~11 min two runs at 1024).
+# Sized by steps x one measured step on 2 threads: quick ~3.5 min (scoring 3 seeds of the lm models ~40 s, two repeat
+# runs at context 336 ~3 min), full ~22 min (~4 min scoring the 0.8M-param lm models, ~18 min two runs at 1024).
 BUDGET = {
-    "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=500,
+    "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
                   test_sequences=256),
-    "full": dict(windows=1024, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=4, steps=600,
+    "full": dict(windows=768, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=4, steps=1000,
                  test_sequences=512),
 }
 SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
