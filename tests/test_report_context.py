@@ -75,14 +75,15 @@ def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():
     assert context.effective_context(ks, torch.tensor([[0.5, 0.2, 0.1, 0.0]])) == 64  # one seed: any rise counts
 
 
-@pytest.mark.parametrize("gpt, lstm, status", [
-    ([(0.2, 0.01), (0.2, 0.01)], [(1.0, 0.02), (3.5, 0.02)], "shown here"),  # the LSTM's repeat loss rises with D
-    ([(2.0, 0.01), (2.0, 0.01)], [(1.0, 0.02), (1.5, 0.02)], "contradicted here"),  # the LSTM better at the far D
-    ([(1.0, 0.05), (1.0, 0.05)], [(1.0, 0.05), (1.05, 0.05)], "not shown here"),  # alike within the noise
-    ([(0.2, 0.01), (3.0, 0.01)], [(1.0, 0.02), (3.5, 0.02)], "not shown here"),  # both rise alike
+@pytest.mark.parametrize("gpt, lstm, copies, status", [
+    ([(0.2, 0.01), (0.2, 0.01)], [(1.0, 0.02), (3.5, 0.02)], (2, 1), "shown here"),  # the LSTM's loss rises with D
+    ([(0.1, 0.02), (0.05, 0.01)], [(3.9, 0.0), (3.9, 0.0)], (2, 0), "shown here"),  # the LSTM copies at no D
+    ([(2.0, 0.01), (2.0, 0.01)], [(1.0, 0.02), (1.5, 0.02)], (2, 2), "contradicted here"),  # the LSTM better far off
+    ([(1.0, 0.05), (1.0, 0.05)], [(1.0, 0.05), (1.05, 0.05)], (2, 2), "not shown here"),  # alike within the noise
+    ([(0.2, 0.01), (3.0, 0.01)], [(1.0, 0.02), (3.5, 0.02)], (1, 1), "not shown here"),  # both rise alike
 ])
-def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, status):
-    assert context.decide(gpt, lstm) == status
+def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, copies, status):
+    assert context.decide(gpt, lstm, *copies) == status
 
 
 def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_beyond_the_noise():

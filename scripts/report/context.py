@@ -197,18 +197,19 @@ def copied(score):
     return score["first"] - score["repeat"] > 2 * score["se"]
 
 
-def decide(gpt, lstm):
-    """The verdict from the repeat's loss by D (ascending), each model's [(loss, standard error)]: shown where the
-    LSTM is worse than the GPT at the longest D and its loss rises from the shortest to the longest D more than the
-    GPT's, both by more than twice their standard errors; contradicted where the LSTM is better at the longest D by
-    more than that; not shown otherwise."""
+def decide(gpt, lstm, gpt_copies, lstm_copies):
+    """The verdict from the repeat's loss by D (ascending), each model's [(loss, standard error)], and how many of
+    the distances each model copies at: shown where the LSTM is worse than the GPT at the longest D and either copies
+    at fewer distances or its loss rises from the shortest to the longest D more than the GPT's, each by more than
+    twice their standard errors; contradicted where the LSTM is better at the longest D by more than that; not shown
+    otherwise."""
     gap = lstm[-1][0] - gpt[-1][0]
     gap_noise = 2 * math.hypot(gpt[-1][1], lstm[-1][1])
     rise = (lstm[-1][0] - lstm[0][0]) - (gpt[-1][0] - gpt[0][0])
     rise_noise = 2 * math.sqrt(sum(se ** 2 for _, se in (gpt[0], gpt[-1], lstm[0], lstm[-1])))
     if gap < -gap_noise:
         return "contradicted here"
-    if gap > gap_noise and rise > rise_noise:
+    if gap > gap_noise and (lstm_copies < gpt_copies or rise > rise_noise):
         return "shown here"
     return "not shown here"
 
@@ -245,9 +246,9 @@ def context_rows(ctx, budget, summary, rises, repeats):
             f"standard error up to {max(s['se'] for r in repeats.values() for s in r['scores'].values()):.3f}")
     by_d = {name: [(repeats[name]["scores"][D]["repeat"], repeats[name]["scores"][D]["se"]) for D in distances]
             for name in ("gpt", "lstm")}
-    status = decide(by_d["gpt"], by_d["lstm"])
-    lo, hi = distances[0], distances[-1]
     copies = {name: [D for D in distances if copied(repeats[name]["scores"][D])] for name in ("gpt", "lstm")}
+    status = decide(by_d["gpt"], by_d["lstm"], len(copies["gpt"]), len(copies["lstm"]))
+    lo, hi = distances[0], distances[-1]
     copy_note = "; ".join(f"{name} copies (repeat below the first copy by > 2 standard errors) at D = "
                           + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
     evidence = (f"on the repeated span the LSTM's loss goes {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f} "
