@@ -26,10 +26,10 @@ from scripts.report.tasks import rnn_width, seed_grid
 # the same parameter count); block_size, batch_size, steps: the same for every run, so every run sees the same tokens;
 # lrs: each model's AdamW grid at the smallest size (centred on the lm experiment's choices); seeds: those the chosen
 # lr is trained with at the smallest size; select_windows, test_windows: windows scored on each val half (None: all).
-# Sized by steps x one measured step (2,048 tokens) on 2 threads, plus ~6 s of train.py start-up a run: quick ~3.5
-# min for 14-18 runs, full ~28 min (1.54M tokens a run; the largest pair, 1.8M params, ~8 min of it).
+# Sized by steps x one measured step (2,048 tokens) on 2 threads, plus ~6 s of train.py start-up a run: quick ~3 min
+# for 14-18 runs (126 s measured at 120 steps), full ~25-28 min (1.54M tokens a run; the largest pair ~8 min of it).
 BUDGET = {
-    "quick": dict(gpt=[(2, 2, 48), (2, 4, 96), (2, 4, 144)], block_size=256, batch_size=8, steps=120,
+    "quick": dict(gpt=[(2, 2, 48), (2, 4, 96), (2, 4, 144)], block_size=256, batch_size=8, steps=250,
                   lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, select_windows=128,
                   test_windows=256),
     "full": dict(gpt=[(2, 2, 64), (3, 3, 96), (4, 4, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=750,
