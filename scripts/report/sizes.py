@@ -198,6 +198,7 @@ def sizes_figure(ctx, budget, ladder, runs, references):
             ax.errorbar(xs[0] * 0.93, (low + high) / 2, yerr=(high - low) / 2, fmt="none", capsize=4, color=color,
                         label=f"{name}: {len(runs[name]['seeds'])} seeds' min-max")
         ax.axhline(references["bigram"], color="gray", ls="--", lw=1, label="bigram (add-one)")
+        ax.minorticks_off()  # log-axis minor labels overlap over a decade
         ax.set(xlabel=label, ylabel="test loss (nats/token, val 2nd half)")
         ax.legend(fontsize=7)
     axes[0].set_title("equal tokens: loss against size")
