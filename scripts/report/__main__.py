@@ -23,16 +23,18 @@ from tqdm import tqdm
 
 from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context
+from scripts.report.context import exp_context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_lm, exp_positions, exp_window
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.recall import exp_induction, exp_recall, exp_recall_state
+from scripts.report.sizes import exp_sizes
 from scripts.report.text import exp_text
 
-# in this order, which is also the tables': positions, window, text and paths read the lm experiment's runs
+# in this order, which is also the tables': positions, window, context, text and paths read the lm experiment's runs
 EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_recall_state, induction=exp_induction,
-                   lm=exp_lm, positions=exp_positions,
-                   window=exp_window, text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
+                   lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
+                   text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
                    generation=exp_generation)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]

@@ -1,0 +1,210 @@
+"""Scaling in miniature: GPTs of three or four sizes against the LSTM of each one's parameter count, every run trained
+by `python train.py` on the lm experiment's corpus for the same tokens, scored on the val split's second half. Does
+the LSTM fall behind as the models grow, as Kaplan et al. 2020 (figure 7) found?
+
+Protocol: the lr of each model is chosen on the val split's first half at the smallest size (the report's seed_grid,
+which widens past a winning end) and scaled as 1/width for the larger ones, muP-style (Yang et al. 2022), not
+re-tuned there; one seed per size, plus the chosen lr's seeds 1 and 2 at the smallest size for the seed spread.
+Training FLOPs count 6 x the matmul weights (the non-embedding parameters plus the output head, whose matmul runs)
+per token, plus, for the GPT, 6 x n_layer x T x n_embd per token for QK^T and AV over the causal half of the keys.
+    python -m scripts.report --only sizes
+"""
+import shutil
+from dataclasses import replace
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from attnlab.checkpoint import build_model
+from attnlab.config import compose
+from attnlab.record import read_metrics
+from data.corpus import load_meta, load_split, prepare
+from scripts.report import RUNS, lm
+from scripts.report.tasks import rnn_width, seed_grid
+
+# gpt: (n_layer, n_head, n_embd) per size, smallest first (the LSTM at each is configs/model/lstm.yaml at the width of
+# the same parameter count); block_size, batch_size, steps: the same for every run, so every run sees the same tokens;
+# lrs: each model's AdamW grid at the smallest size (centred on the lm experiment's choices); seeds: those the chosen
+# lr is trained with at the smallest size; select_windows, test_windows: windows scored on each val half (None: all).
+# Sized by steps x one measured step (2,048 tokens) on 2 threads, plus ~6 s of train.py start-up a run: quick ~3 min
+# for 14-18 runs (126 s measured at 120 steps), full ~25-28 min (1.54M tokens a run; the largest pair ~8 min of it).
+BUDGET = {
+    "quick": dict(gpt=[(2, 2, 48), (2, 4, 96), (2, 4, 144)], block_size=256, batch_size=8, steps=250,
+                  lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, select_windows=128,
+                  test_windows=256),
+    "full": dict(gpt=[(2, 2, 64), (3, 3, 96), (4, 4, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=750,
+                 lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, select_windows=256,
+                 test_windows=None),
+}
+
+
+def exp_sizes(ctx):
+    """Test loss against parameters and training FLOPs for both models at equal tokens; the gap against size."""
+    shutil.rmtree(RUNS / "sizes", ignore_errors=True)
+    budget = BUDGET[ctx.preset]
+    data_dir, ladder = models(ctx, budget)
+    runs = {}
+    for name in ("gpt", "lstm"):
+        small = ladder[name][0]
+        best, lrs, _, seeds = seed_grid(lambda lr, seed: fit(ctx, budget, data_dir, small, lr, seed),
+                                        budget["lrs"][name], list(range(budget["seeds"])), 1,
+                                        lambda rs: -np.mean([r["select"] for r in rs]))
+        # muP-style: Adam's per-weight step shrinks with the width, so the hidden matrices' updates keep their scale
+        larger = [fit(ctx, budget, data_dir, m, float(f"{best * small['width'] / m['width']:.3g}"), 0)
+                  for m in ladder[name][1:]]
+        runs[name] = dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)),
+                          seeds=list(seeds.values()), by_size=[seeds[0], *larger])
+    references = ngram_losses(data_dir)
+    sizes_rows(ctx, budget, ladder, runs, references)
+    sizes_figure(ctx, budget, ladder, runs, references)
+
+
+def models(ctx, budget):
+    """The prepared corpus and each model's ladder of sizes: {name: [dict(overrides, desc, params, width, flops)]},
+    the LSTM at each size of the width whose parameter count is closest to the GPT's."""
+    data = ["data=text", f"data.path={ctx.data_path}"] if ctx.data_path else []
+    T = budget["block_size"]
+    shape = [f"model.block_size={T}"]
+    base = compose(*shape, *data)
+    data_dir = prepare(base.data, T)
+    vocab = load_meta(data_dir)["vocab_size"]
+    lstm_base = replace(compose("model=lstm", *shape).model, vocab_size=vocab)
+    tokens = budget["steps"] * budget["batch_size"] * T
+    ladder = {"gpt": [], "lstm": []}
+    for n_layer, n_head, n_embd in budget["gpt"]:
+        gpt = [f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}"]
+        model = build_model(replace(compose(*gpt, *shape).model, vocab_size=vocab))
+        width = rnn_width(model.num_params(), vocab, lstm_base.n_layer, tied=lstm_base.tie_weights)
+        rnn = build_model(replace(lstm_base, n_embd=width))
+        for name, m, overrides, desc in (("gpt", model, gpt, f"{n_layer}x{n_embd} GPT"),
+                                         ("lstm", rnn, ["model=lstm", f"model.n_embd={width}"],
+                                          f"{lstm_base.n_layer}x{width} LSTM")):
+            ladder[name].append(dict(name=name, overrides=[*overrides, *shape, *data], desc=desc,
+                                     params=m.num_params(), width=m.config.n_embd, flops=train_flops(m, tokens)))
+    return data_dir, ladder
+
+
+def train_flops(model, tokens):
+    """6 x the matmul weights per token (the non-embedding parameters, plus a tied head, which num_params skips as the
+    embedding but whose matmul runs), plus the GPT's attention, QK^T and AV over the causal half of the keys: 2 x 2 x
+    n_embd x T/2 multiply-adds forward per layer and token, x3 with the backward pass."""
+    cfg = model.config
+    weights = model.num_params(embeddings=False) + (model.lm_head.weight.numel() if cfg.tie_weights else 0)
+    attention = 6 * cfg.n_layer * cfg.block_size * cfg.n_embd if hasattr(cfg, "n_head") else 0
+    return tokens * (6 * weights + attention)
+
+
+def fit(ctx, budget, data_dir, model, lr, seed):
+    """One size of one model trained by train.py (fp32, AdamW, warmup + cosine to lr/10, as the lm experiment), then
+    scored on its final weights: selection loss (val 1st half) and test loss (2nd half), both to the grid table."""
+    steps, setting = budget["steps"], f"params={model['params']}"
+    out = RUNS / "sizes" / f"{model['name']}-{model['params']}-lr{lr:g}-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
+    lm.train_run([*model["overrides"], f"train.batch_size={budget['batch_size']}", f"train.device={ctx.device}",
+                  "train.dtype=float32", "train.optimizer=adamw", f"train.learning_rate={lr}",
+                  f"train.min_lr={lr / 10}", f"train.max_iters={steps}", f"train.warmup_iters={steps // 10}",
+                  f"train.eval_interval={max(1, steps // 4)}", "train.eval_iters=2", f"train.seed={seed}",
+                  f"logger.log_interval={max(1, steps // 10)}", f"out_dir={out}"])
+    final = read_metrics(out, "eval")[-1]
+    select_half, test_half = lm.halves(data_dir)
+    net, T = lm.final_model(out, device=ctx.device), budget["block_size"]
+    run = dict(lr=lr, seed=seed, iters=final["iter"], seconds=final["elapsed_s"],
+               select=lm.position_losses(net, select_half, T, budget["select_windows"]).mean().item(),
+               test=lm.position_losses(net, test_half, T, budget["test_windows"]).mean().item())
+    for metric in ("select", "test"):
+        ctx.grid_point("sizes", model["name"], setting, lr, seed, run["iters"], run["seconds"],
+                       "selection loss" if metric == "select" else "test loss", round(run[metric], 4))
+    return run
+
+
+def ngram_losses(data_dir):
+    """Test loss (val 2nd half) of add-one unigram and bigram models counted on the train split: the context-free and
+    one-token-context references."""
+    train, test = load_split(data_dir, "train").astype(np.int64), lm.halves(data_dir)[1].astype(np.int64)
+    V = load_meta(data_dir)["vocab_size"]
+    unigram = (np.bincount(train, minlength=V) + 1) / (len(train) + V)
+    pairs = np.bincount(train[:-1] * V + train[1:], minlength=V * V).reshape(V, V) + 1
+    bigram = pairs / pairs.sum(1, keepdims=True)
+    return dict(unigram=float(-np.log(unigram[test]).mean()), bigram=float(-np.log(bigram[test[:-1], test[1:]]).mean()))
+
+
+def seed_range(runs):
+    """Min-max of the runs' test losses: (low, high)."""
+    tests = [r["test"] for r in runs]
+    return min(tests), max(tests)
+
+
+def decide(gaps, spread):
+    """The verdict on reason (b) from the gap (LSTM - GPT test loss) at the smallest and the largest size: it grows
+    by more than the seed spread (shown), shrinks by more (contradicted), or neither (not shown)."""
+    change = gaps[-1] - gaps[0]
+    if change > spread:
+        return "shown here"
+    if change < -spread:
+        return "contradicted here"
+    return "not shown here"
+
+
+def sizes_rows(ctx, budget, ladder, runs, references):
+    T, steps, batch = budget["block_size"], budget["steps"], budget["batch_size"]
+    tokens = steps * batch * T
+    def described(name):
+        return (" / ".join(m["desc"] for m in ladder[name]) + " ("
+                + " / ".join(f"{m['params']:,}" for m in ladder[name]) + " params)")
+    ctx.row("sizes", "models, smallest to largest", described("gpt"), described("lstm"),
+            f"corpus {lm.corpus_name(ctx)}; context {T}; {steps} steps x {batch} sequences = {tokens / 1e6:.2f}M "
+            f"tokens for every run; train.py, AdamW, fp32, warmup + cosine to lr/10; each LSTM the width of its "
+            f"GPT's parameter count")
+    def lrs(name):
+        return " / ".join(f"{r['lr']:g}" for r in runs[name]["by_size"])
+    def grid(name):
+        r = runs[name]
+        return (f"{name} {r['lr']:g} of [{', '.join(f'{lr:g}' for lr in r['lrs'])}]"
+                + (" (an end of the grid)" if r["edge"] else ""))
+    ctx.row("sizes", "test loss by size, final weights, seed 0",
+            " / ".join(f"{r['test']:.3f}" for r in runs["gpt"]["by_size"]),
+            " / ".join(f"{r['test']:.3f}" for r in runs["lstm"]["by_size"]),
+            f"lr {lrs('gpt')} (gpt) and {lrs('lstm')} (lstm): chosen at the smallest size on the val split's 1st half "
+            f"({grid('gpt')}; {grid('lstm')}), then scaled as 1/width (muP-style, not re-tuned); the test loss on "
+            f"the 2nd half; unigram / bigram (add-one, counted on train) score {references['unigram']:.3f} / "
+            f"{references['bigram']:.3f}")
+    ranges = {name: seed_range(runs[name]["seeds"]) for name in ("gpt", "lstm")}
+    spread = sum(high - low for low, high in ranges.values())
+    ctx.row("sizes", f"test loss at the smallest size, seeds {', '.join(str(r['seed']) for r in runs['gpt']['seeds'])}",
+            *(f"{np.mean([r['test'] for r in runs[n]['seeds']]):.3f} (min-max {ranges[n][0]:.3f}-{ranges[n][1]:.3f})"
+              for n in ("gpt", "lstm")),
+            f"the spread a gap can have from seeds alone: the two ranges summed, {spread:.3f} nats")
+    gaps = [lstm["test"] - gpt["test"] for gpt, lstm in zip(runs["gpt"]["by_size"], runs["lstm"]["by_size"])]
+    status = decide(gaps, spread)
+    evidence = (f"at equal tokens ({tokens / 1e6:.2f}M) the LSTM's test loss minus the GPT's is {gaps[0]:+.3f} nats "
+                f"at {ladder['gpt'][0]['params']:,} params and {gaps[-1]:+.3f} at {ladder['gpt'][-1]['params']:,}: "
+                f"a change of {gaps[-1] - gaps[0]:+.3f} against a seed spread of {spread:.3f}")
+    ctx.row("sizes", "gap, LSTM - GPT test loss, smallest / largest size", f"{gaps[0]:+.3f} / {gaps[-1]:+.3f}", "-",
+            f"{evidence}; so the LSTM falling behind as models grow (Kaplan et al. 2020, fig. 7) is {status}")
+    ctx.row("sizes", "training FLOPs per run, smallest / largest size",
+            *(f"{ladder[n][0]['flops']:.2e} / {ladder[n][-1]['flops']:.2e}" for n in ("gpt", "lstm")),
+            "6 x (non-embedding params + the output head) x tokens, plus for the GPT 6 x n_layer x T x n_embd per "
+            "token (attention over the causal half of the keys)")
+    ctx.verdict("sizes", "b", evidence, status)
+
+
+def sizes_figure(ctx, budget, ladder, runs, references):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in zip(axes, ("params", "flops"), ("parameters", "training FLOPs (see the rows)")):
+        for name, color in (("gpt", "C0"), ("lstm", "C1")):
+            xs = [m[key] for m in ladder[name]]
+            ax.semilogx(xs, [r["test"] for r in runs[name]["by_size"]], "o-", color=color, label=name)
+            low, high = seed_range(runs[name]["seeds"])
+            ax.errorbar(xs[0] * 0.93, (low + high) / 2, yerr=(high - low) / 2, fmt="none", capsize=4, color=color,
+                        label=f"{name}: {len(runs[name]['seeds'])} seeds' min-max")
+        ax.axhline(references["bigram"], color="gray", ls="--", lw=1, label="bigram (add-one)")
+        ax.minorticks_off()  # log-axis minor labels overlap over a decade
+        ax.set(xlabel=label, ylabel="test loss (nats/token, val 2nd half)")
+        ax.legend(fontsize=7)
+    axes[0].set_title("equal tokens: loss against size")
+    axes[1].set_title("loss against training compute")
+    T, steps, batch = budget["block_size"], budget["steps"], budget["batch_size"]
+    ctx.save(fig, "sizes.png", f"corpus {lm.corpus_name(ctx)}; GPT " + ", ".join(m["desc"].split()[0] for m in
+             ladder["gpt"]) + " vs LSTM of equal params (" + ", ".join(m["desc"].split()[0] for m in ladder["lstm"])
+             + f");\ncontext {T}, {steps} steps x {batch} sequences each, AdamW fp32; lr chosen at the smallest size "
+             "and scaled as 1/width; seed 0 per size")
