@@ -46,3 +46,9 @@ def test_docs_that_quote_results_name_the_hardware_they_came_from():
             runs = json.loads((report / "runs.json").read_text())
             quoted = {row[0] for row in set(rows) & report_rows(report)}
             assert all(runs[experiment]["hardware"] in text for experiment in quoted), (doc, report.name)
+
+
+def test_the_report_doc_opens_with_the_quick_reports_verdict_verbatim():
+    results = (REPORTS[0] / "results.md").read_text()
+    verdict = results[results.index("| reason attention replaced RNNs"):].split("\n\n")[0]
+    assert verdict.count("\n") == 4 and verdict in (REPO / "docs/report.md").read_text()

@@ -2,10 +2,14 @@
 
     mechanism.py  why the formula is what it is: √d_k, a worked example, paths and sequential steps, gradients
     tasks.py      the synthetic tasks (associative recall, induction), their training loop and the lr/seed grid
-    recall.py     recall and induction, both models tuned alike, and recall against bytes of state
-    lm.py         language modelling at equal tokens and time, loss by position, positions and windows compared
+    recall.py     recall and induction, both models tuned alike, and recall at fixed pairs against bytes of state
+    lm.py         language modelling at equal tokens and at equal time (each model's best recipe), loss by position,
+                  positions and windows compared
+    sizes.py      scaling in miniature: both models at 3-4 sizes for equal tokens, loss against params and FLOPs
+    context.py    context use: the loss with tokens beyond k replaced, and a span repeated at distance D
     text.py       what a trained GPT's heads attend to in real code
-    cost.py       training throughput against length and batch, long-context time and memory, generation
+    cost.py       training throughput at d = 256/512 against length, the work-span model, long contexts, generation
+    gpu.py        reason (a) on one GPU: `python -m scripts.report.gpu` (--smoke on the CPU)
 
 Each experiment is a function of a Context: it appends rows to the results table (ctx.row), every trained grid
 point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs
