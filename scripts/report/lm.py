@@ -71,7 +71,8 @@ def exp_lm(ctx):
     summary = setup(ctx)
     for name in ("gpt", "lstm"):
         summary[name] |= tune(ctx, summary, name)
-    summary["budget_s"] = round(float(np.mean([r["seconds"] for r in summary["gpt"]["runs"]])), 1)
+    # at least 0.1 s: a budget rounded to 0 would mean no budget (runs shorter than that are tiny test models)
+    summary["budget_s"] = max(0.1, round(float(np.mean([r["seconds"] for r in summary["gpt"]["runs"]])), 1))
     summary["equal_time"] = {recipe: tune(ctx, summary, name, optimizer, summary["budget_s"])
                              for recipe, (name, optimizer) in RECIPES.items()}
     summary["best_time"] = best_recipes(summary["equal_time"])
