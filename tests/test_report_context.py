@@ -11,7 +11,8 @@ from scripts.report import Context, context, lm
 from train import train
 
 LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
-               lrs=dict(gpt=[1e-2], lstm=[3e-2]), grid_seeds=1, seeds=2, evals=2, eval_iters=1, select_windows=4,
+               lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.02], lstm=[0.02]), grid_seeds=1, seeds=2,
+               evals=2, eval_iters=1, select_windows=4,
                test_windows=8, windows=[8])
 TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps=10, test_sequences=8)
 
