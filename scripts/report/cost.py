@@ -2,7 +2,7 @@
 on parallel hardware; one layer's time and memory at long contexts, beside the remedies (fused kernels, a sliding
 window); decoding time and memory. scripts/report/gpu.py measures the throughput on a GPU."""
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -154,93 +154,140 @@ def gpu_verdict(results, cpu_evidence):
     return evidence, "contradicted here" if faster == 0 else "not shown here"
 
 
+@dataclass
+class Throughput:
+    """What exp_throughput measured: per width d the two models' configs, parameters, FLOPs per token (a function of
+    T) and autograd depths; tokens/s per (d, model, T); one dependent op's latency tau and the best FLOP/s per
+    thread f, which the work-span model takes."""
+    widths: tuple
+    lengths: tuple
+    tokens: int
+    threads: int
+    configs: dict
+    params: dict
+    flops: dict
+    depths: dict
+    measured: dict
+    tau: float
+    f: float = 0.0
+
+    def estimate(self, d, name, T):
+        """The work-span model's tokens/s for one model at width d and length T."""
+        span = spans(self.configs[d], self.depths[d])[name]
+        return work_span(self.flops[d][name], span, self.tokens, T, self.f, self.tau)
+
+
 def exp_throughput(ctx):
     """Training tokens/s (forward, backward, AdamW step) at equal parameters and equal tokens per step against the
     sequence length, at several widths; then a work-span model of the same on many processors, drawn apart."""
     budget = BUDGET[ctx.preset]
-    widths, lengths, tokens = budget["widths"], budget["lengths"], budget["tokens"]
+    t = measure_widths(ctx, budget)
+    throughput_figure(ctx, t, budget["repeats"])
+    throughput_rows(ctx, t)
+    decide_throughput(ctx, t)
+
+
+def measure_widths(ctx, budget):
+    """tau on one thread, then every width's two models timed on the budget's threads; each point to grid.csv."""
     before = torch.get_num_threads()
-    measured, configs, flops, depths, params = {}, {}, {}, {}, {}
+    t = Throughput(budget["widths"], budget["lengths"], budget["tokens"],
+                   budget["threads"] if ctx.device.type == "cpu" else 1, {}, {}, {}, {}, {}, 0.0)
     try:
         torch.set_num_threads(1)  # τ and the depths: one small op's latency, which more threads only slow
-        tau = op_latency(ctx.device)
+        t.tau = op_latency(ctx.device)
         if ctx.device.type == "cpu":
             torch.set_num_threads(budget["threads"])
-        for d in tqdm(widths, desc="throughput", leave=False):
-            configs[d] = throughput_models(d, max(lengths))
-            depths[d] = dict(gpt=block_depth(configs[d]["gpt"]), lstm=lstm_step_depth(configs[d]["lstm"].n_embd))
+        for d in tqdm(t.widths, desc="throughput", leave=False):
+            t.configs[d] = throughput_models(d, max(t.lengths))
+            t.depths[d] = dict(gpt=block_depth(t.configs[d]["gpt"]),
+                               lstm=lstm_step_depth(t.configs[d]["lstm"].n_embd))
             torch.manual_seed(0)
-            models = {name: build_model(cfg).to(ctx.device) for name, cfg in configs[d].items()}
-            flops[d] = {name: model.flops_per_token for name, model in models.items()}
-            params[d] = {name: model.num_params() for name, model in models.items()}
-            for (name, T), rate in measure_throughput(models, tokens, lengths, budget["repeats"], ctx.device).items():
-                measured[d, name, T] = rate
-                B = max(1, tokens // T)
-                ctx.grid_point("throughput", name, f"d={d} ({shape(configs[d][name])}) T={T} B={B}", 1e-4, 0,
+            models = {name: build_model(cfg).to(ctx.device) for name, cfg in t.configs[d].items()}
+            t.flops[d] = {name: model.flops_per_token for name, model in models.items()}
+            t.params[d] = {name: model.num_params() for name, model in models.items()}
+            rates = measure_throughput(models, t.tokens, t.lengths, budget["repeats"], ctx.device)
+            for (name, T), rate in rates.items():
+                t.measured[d, name, T] = rate
+                B = max(1, t.tokens // T)
+                ctx.grid_point("throughput", name, f"d={d} ({shape(t.configs[d][name])}) T={T} B={B}", 1e-4, 0,
                                budget["repeats"] + 1, (budget["repeats"] + 1) * B * T / rate, "training tokens/s",
                                round(rate))
     finally:
         torch.set_num_threads(before)
-    threads = budget["threads"] if ctx.device.type == "cpu" else 1
     # f: the best FLOP/s per thread any step reached here
-    f = max(flops[d][name](T) * rate / threads for (d, name, T), rate in measured.items())
-    def estimate(d, name, T):
-        return work_span(flops[d][name], spans(configs[d], depths[d])[name], tokens, T, f, tau)
+    t.f = max(t.flops[d][name](T) * rate / t.threads for (d, name, T), rate in t.measured.items())
+    return t
 
-    fig, axes = plt.subplots(1, len(widths) + 1, figsize=(3.6 * (len(widths) + 1), 3.8))
-    for ax, d in zip(axes, widths):
+
+def threads_text(ctx, t):
+    return f"{t.threads} thread{'s' * (t.threads > 1)}" if ctx.device.type == "cpu" else "this device"
+
+
+def throughput_figure(ctx, t, repeats):
+    """One measured panel per width, then the work-span model's panel, grey: a model, not a measurement."""
+    fig, axes = plt.subplots(1, len(t.widths) + 1, figsize=(3.6 * (len(t.widths) + 1), 3.8))
+    for ax, d in zip(axes, t.widths):
         for name, color in (("gpt", "C0"), ("lstm", "C1")):
-            ax.loglog(lengths, [measured[d, name, T] for T in lengths], "o-", color=color,
-                      label=f"{name} {shape(configs[d][name])}")
-        length_axis(ax, lengths, "sequence length T")
-        ax.set_title(f"measured, d={d}, {params[d]['gpt'] / 1e6:.2g}M params")
+            ax.loglog(t.lengths, [t.measured[d, name, T] for T in t.lengths], "o-", color=color,
+                      label=f"{name} {shape(t.configs[d][name])}")
+        length_axis(ax, t.lengths, "sequence length T")
+        ax.set_title(f"measured, d={d}, {t.params[d]['gpt'] / 1e6:.2g}M params")
         ax.legend(fontsize=7)
     axes[0].set_ylabel("training tokens / s")
     model_ax = axes[-1]
-    for d, style in zip(widths, (":", "--", "-", "-.")):
+    for d, style in zip(t.widths, (":", "--", "-", "-.")):
         for name, color in (("gpt", "C0"), ("lstm", "C1")):
-            model_ax.loglog(lengths, [estimate(d, name, T) for T in lengths], style, color=color, lw=1,
+            model_ax.loglog(t.lengths, [t.estimate(d, name, T) for T in t.lengths], style, color=color, lw=1,
                             label=f"{name}, d={d}")
     model_ax.set_facecolor("0.94")
-    length_axis(model_ax, lengths, "sequence length T")
+    length_axis(model_ax, t.lengths, "sequence length T")
     model_ax.set_title(f"MODEL, not measured:\nwork-span, {PROCESSORS} processors")
     model_ax.legend(fontsize=6)
-    on = f"{threads} thread{'s' * (threads > 1)}" if ctx.device.type == "cpu" else "this device"
-    d_top = widths[-1]
+    top = t.depths[t.widths[-1]]
     ctx.save(fig, "throughput.png", f"GPT {GPT_LAYERS} blocks of d (heads of {HEAD_SIZE}) vs the 2-layer LSTM of its "
-             f"size, heads tied; one AdamW step of {tokens:,} tokens (batch {tokens:,}/T), fp32, {on}; median of "
-             f"{budget['repeats']} alternating rounds after a warm-up.\nModel panel: step = W/(P·f) + S·τ, "
-             f"P={PROCESSORS}, f={f / 1e9:.1f} GFLOP/s (best per thread here), τ={tau * 1e6:.1f} µs (one dependent "
-             f"op, measured); S = 2·n_layer·{depths[d_top]['gpt']} (GPT block depth) vs 2·(T+1)·"
-             f"{depths[d_top]['lstm']} (LSTM step depth), autograd depths measured")
+             f"size, heads tied; one AdamW step of {t.tokens:,} tokens (batch {t.tokens:,}/T), fp32, "
+             f"{threads_text(ctx, t)}; median of {repeats} alternating rounds after a warm-up.\nModel panel: step = "
+             f"W/(P·f) + S·τ, P={PROCESSORS}, f={t.f / 1e9:.1f} GFLOP/s (best per thread here), τ={t.tau * 1e6:.1f} "
+             f"µs (one dependent op, measured); S = 2·n_layer·{top['gpt']} (GPT block depth) vs 2·(T+1)·"
+             f"{top['lstm']} (LSTM step depth), autograd depths measured")
 
-    short, long = lengths[0], lengths[-1]
-    def kilo(v):
-        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}K"
-    ctx.row("throughput", f"training FLOPs per token at d={d_top}, T={short} / T={long}",
-            f"{kilo(flops[d_top]['gpt'](short))} / {kilo(flops[d_top]['gpt'](long))}",
-            f"{kilo(flops[d_top]['lstm'](short))} / {kilo(flops[d_top]['lstm'](long))}",
-            f"GPT {shape(configs[d_top]['gpt'])} vs LSTM {shape(configs[d_top]['lstm'])}, {params[d_top]['gpt']:,} "
-            f"vs {params[d_top]['lstm']:,} params; 6N plus, for the GPT, 12·L·C·T for attention")
-    for d in widths:
-        for T in lengths:
-            ratio = measured[d, "lstm", T] / measured[d, "gpt", T]
-            ctx.row("throughput", f"training tokens/s, d={d}, T={T} (batch {max(1, tokens // T)}), {on}",
-                    f"{measured[d, 'gpt', T]:,.0f}", f"{measured[d, 'lstm', T]:,.0f}",
-                    f"LSTM/GPT = {ratio:.2f}; GPT {shape(configs[d]['gpt'])} vs LSTM {shape(configs[d]['lstm'])}")
-    where = f"d={d_top}, T={long}, {PROCESSORS} processors"
-    gpt_model, lstm_model = estimate(d_top, "gpt", long), estimate(d_top, "lstm", long)
-    S = {name: span(long) for name, span in spans(configs[d_top], depths[d_top]).items()}
-    ctx.row("throughput", f"work-span model (not measured), {where}, tokens/s", f"{gpt_model:,.0f}",
-            f"{lstm_model:,.0f}", f"a model: step = W/(P·f) + S·τ with S the dependent ops of a step, GPT "
-            f"{S['gpt']:,} (2 x {configs[d_top]['gpt'].n_layer} blocks x {depths[d_top]['gpt']} measured) vs LSTM "
-            f"{S['lstm']:,} (2 x (T+1) steps x {depths[d_top]['lstm']} measured); τ={tau * 1e6:.1f} µs, "
-            f"f={f / 1e9:.1f} GFLOP/s measured")
-    ratios = {(d, T): measured[d, "lstm", T] / measured[d, "gpt", T] for d in widths if d >= REALISTIC
-              for T in lengths}
+
+def kilo(v):
+    return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.0f}K"
+
+
+def throughput_rows(ctx, t):
+    """FLOPs per token at the widest d, tokens/s at every (d, T) with the ratio, and the work-span model's row."""
+    d, short, long = t.widths[-1], t.lengths[0], t.lengths[-1]
+    gpt, lstm = t.configs[d]["gpt"], t.configs[d]["lstm"]
+    ctx.row("throughput", f"training FLOPs per token at d={d}, T={short} / T={long}",
+            f"{kilo(t.flops[d]['gpt'](short))} / {kilo(t.flops[d]['gpt'](long))}",
+            f"{kilo(t.flops[d]['lstm'](short))} / {kilo(t.flops[d]['lstm'](long))}",
+            f"GPT {shape(gpt)} vs LSTM {shape(lstm)}, {t.params[d]['gpt']:,} vs {t.params[d]['lstm']:,} params; 6N "
+            f"plus, for the GPT, 12·L·C·T for attention")
+    for w in t.widths:
+        for T in t.lengths:
+            ratio = t.measured[w, "lstm", T] / t.measured[w, "gpt", T]
+            ctx.row("throughput", f"training tokens/s, d={w}, T={T} (batch {max(1, t.tokens // T)}), "
+                    f"{threads_text(ctx, t)}", f"{t.measured[w, 'gpt', T]:,.0f}", f"{t.measured[w, 'lstm', T]:,.0f}",
+                    f"LSTM/GPT = {ratio:.2f}; GPT {shape(t.configs[w]['gpt'])} vs LSTM {shape(t.configs[w]['lstm'])}")
+    S = {name: span(long) for name, span in spans(t.configs[d], t.depths[d]).items()}
+    ctx.row("throughput", f"work-span model (not measured), d={d}, T={long}, {PROCESSORS} processors, tokens/s",
+            f"{t.estimate(d, 'gpt', long):,.0f}", f"{t.estimate(d, 'lstm', long):,.0f}",
+            f"a model: step = W/(P·f) + S·τ with S the dependent ops of a step, GPT {S['gpt']:,} (2 x {gpt.n_layer} "
+            f"blocks x {t.depths[d]['gpt']} measured) vs LSTM {S['lstm']:,} (2 x (T+1) steps x {t.depths[d]['lstm']} "
+            f"measured); τ={t.tau * 1e6:.1f} µs, f={t.f / 1e9:.1f} GFLOP/s measured")
+
+
+def decide_throughput(ctx, t):
+    """Reason (a) from the widths d >= REALISTIC; a real GPU run's results, where present, decide instead."""
+    ratios = {(d, T): t.measured[d, "lstm", T] / t.measured[d, "gpt", T] for d in t.widths if d >= REALISTIC
+              for T in t.lengths}
     if not ratios:
         return
-    evidence, status = throughput_verdict(ratios, lstm_model / gpt_model, where)
+    d, long = t.widths[-1], t.lengths[-1]
+    model_ratio = t.estimate(d, "lstm", long) / t.estimate(d, "gpt", long)
+    evidence, status = throughput_verdict(ratios, model_ratio, f"d={d}, T={long}, {PROCESSORS} processors")
     gpu = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else {}
     if gpu.get("smoke") is False and gpu["throughput"]:  # a real GPU run decides; a --smoke one is a code check
         evidence, status = gpu_verdict(gpu, evidence)
