@@ -177,11 +177,13 @@ def best_recipes(equal_time):
             for name in ("gpt", "lstm")}
 
 
-def fit(ctx, summary, experiment, name, setting, extra, lr, seed, optimizer="adamw", muon_lr=0.02, seconds=0.0):
+def fit(ctx, summary, experiment, name, setting, extra, lr, seed, optimizer="adamw", muon_lr=0.02, seconds=0.0,
+        budget=None):
     """One configuration trained by train.py, then scored on its final weights: the selection loss, and the test loss
     at each position. Both go to the grid table (lr: muon_lr for a Muon run); returns the run's record. seconds > 0
-    trains for that time budget (train.time_budget_s) instead of to the step cap, the lr decaying over it."""
-    budget, steps = BUDGET[ctx.preset], summary["steps"]
+    trains for that time budget (train.time_budget_s) instead of to the step cap, the lr decaying over it. budget:
+    the evaluation keys (evals, eval_iters, select_windows, test_windows) of another experiment, else this one's."""
+    budget, steps = budget or BUDGET[ctx.preset], summary["steps"]
     grid_lr = muon_lr if optimizer == "muon" else lr
     out = RUNS / experiment / f"{name}-{setting.replace('=', '').replace(' ', '-')}-lr{grid_lr:g}-seed{seed}"
     shutil.rmtree(out, ignore_errors=True)

@@ -17,24 +17,24 @@ import numpy as np
 
 from attnlab.checkpoint import build_model
 from attnlab.config import compose
-from attnlab.record import read_metrics
-from data.corpus import load_meta, load_split, prepare
+from data.corpus import load_meta, prepare
 from scripts.report import RUNS, lm
 from scripts.report.tasks import rnn_width, seed_grid
 
 # gpt: (n_layer, n_head, n_embd) per size, smallest first (the LSTM at each is configs/model/lstm.yaml at the width of
 # the same parameter count); block_size, batch_size, steps: the same for every run, so every run sees the same tokens;
 # lrs: each model's AdamW grid at the smallest size (centred on the lm experiment's choices); seeds: those the chosen
-# lr is trained with at the smallest size; select_windows, test_windows: windows scored on each val half (None: all).
+# lr is trained with at the smallest size; evals, eval_iters: train.py's val estimates per run and batches per
+# estimate; select_windows, test_windows: windows scored on each val half (None: all).
 # Sized by steps x one measured step (2,048 tokens) on 2 threads, plus ~6 s of train.py start-up a run: quick ~3 min
 # for 14-18 runs (126 s measured at 120 steps), full ~25-28 min (1.54M tokens a run; the largest pair ~8 min of it).
 BUDGET = {
     "quick": dict(gpt=[(2, 2, 48), (2, 4, 96), (2, 4, 144)], block_size=256, batch_size=8, steps=250,
-                  lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, select_windows=128,
-                  test_windows=256),
+                  lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, evals=4, eval_iters=2,
+                  select_windows=128, test_windows=256),
     "full": dict(gpt=[(2, 2, 64), (3, 3, 96), (4, 4, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=750,
-                 lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, select_windows=256,
-                 test_windows=None),
+                 lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, evals=4, eval_iters=2,
+                 select_windows=256, test_windows=None),
 }
 
 
@@ -54,7 +54,7 @@ def exp_sizes(ctx):
                   for m in ladder[name][1:]]
         runs[name] = dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)),
                           seeds=list(seeds.values()), by_size=[seeds[0], *larger])
-    references = ngram_losses(data_dir)
+    references = lm.ngram_baselines(data_dir, load_meta(data_dir)["vocab_size"])  # {n: (k, test loss)}
     sizes_rows(ctx, budget, ladder, runs, references)
     sizes_figure(ctx, budget, ladder, runs, references)
 
@@ -95,37 +95,11 @@ def train_flops(model, tokens):
 
 
 def fit(ctx, budget, data_dir, model, lr, seed):
-    """One size of one model trained by train.py (fp32, AdamW, warmup + cosine to lr/10, as the lm experiment), then
-    scored on its final weights: selection loss (val 1st half) and test loss (2nd half), both to the grid table."""
-    steps, setting = budget["steps"], f"params={model['params']}"
-    out = RUNS / "sizes" / f"{model['name']}-{model['params']}-lr{lr:g}-seed{seed}"
-    shutil.rmtree(out, ignore_errors=True)
-    lm.train_run([*model["overrides"], f"train.batch_size={budget['batch_size']}", f"train.device={ctx.device}",
-                  "train.dtype=float32", "train.optimizer=adamw", f"train.learning_rate={lr}",
-                  f"train.min_lr={lr / 10}", f"train.max_iters={steps}", f"train.warmup_iters={steps // 10}",
-                  f"train.eval_interval={max(1, steps // 4)}", "train.eval_iters=2", f"train.seed={seed}",
-                  f"logger.log_interval={max(1, steps // 10)}", f"out_dir={out}"])
-    final = read_metrics(out, "eval")[-1]
-    select_half, test_half = lm.halves(data_dir)
-    net, T = lm.final_model(out, device=ctx.device), budget["block_size"]
-    run = dict(lr=lr, seed=seed, iters=final["iter"], seconds=final["elapsed_s"],
-               select=lm.position_losses(net, select_half, T, budget["select_windows"]).mean().item(),
-               test=lm.position_losses(net, test_half, T, budget["test_windows"]).mean().item())
-    for metric in ("select", "test"):
-        ctx.grid_point("sizes", model["name"], setting, lr, seed, run["iters"], run["seconds"],
-                       "selection loss" if metric == "select" else "test loss", round(run[metric], 4))
-    return run
-
-
-def ngram_losses(data_dir):
-    """Test loss (val 2nd half) of add-one unigram and bigram models counted on the train split: the context-free and
-    one-token-context references."""
-    train, test = load_split(data_dir, "train").astype(np.int64), lm.halves(data_dir)[1].astype(np.int64)
-    V = load_meta(data_dir)["vocab_size"]
-    unigram = (np.bincount(train, minlength=V) + 1) / (len(train) + V)
-    pairs = np.bincount(train[:-1] * V + train[1:], minlength=V * V).reshape(V, V) + 1
-    bigram = pairs / pairs.sum(1, keepdims=True)
-    return dict(unigram=float(-np.log(unigram[test]).mean()), bigram=float(-np.log(bigram[test[:-1], test[1:]]).mean()))
+    """One size of one model trained and scored as the lm experiment's runs are (lm.fit: train.py, fp32, AdamW,
+    warmup + cosine to lr/10; selection loss on the val split's 1st half, test loss on its 2nd), at this budget."""
+    shared = dict(steps=budget["steps"], batch_size=budget["batch_size"], block_size=budget["block_size"],
+                  data_dir=str(data_dir), **{model["name"]: dict(overrides=model["overrides"])})
+    return lm.fit(ctx, shared, "sizes", model["name"], f"params={model['params']}", [], lr, seed, budget=budget)
 
 
 def seed_range(runs):
@@ -166,8 +140,7 @@ def sizes_rows(ctx, budget, ladder, runs, references):
             " / ".join(f"{r['test']:.3f}" for r in runs["lstm"]["by_size"]),
             f"lr {lrs('gpt')} (gpt) and {lrs('lstm')} (lstm): chosen at the smallest size on the val split's 1st half "
             f"({grid('gpt')}; {grid('lstm')}), then scaled as 1/width (muP-style, not re-tuned); the test loss on "
-            f"the 2nd half; unigram / bigram (add-one, counted on train) score {references['unigram']:.3f} / "
-            f"{references['bigram']:.3f}")
+            f"the 2nd half; {lm.ngram_note(references)}")
     ranges = {name: seed_range(runs[name]["seeds"]) for name in ("gpt", "lstm")}
     spread = sum(high - low for low, high in ranges.values())
     ctx.row("sizes", f"test loss at the smallest size, seeds {', '.join(str(r['seed']) for r in runs['gpt']['seeds'])}",
@@ -197,7 +170,8 @@ def sizes_figure(ctx, budget, ladder, runs, references):
             low, high = seed_range(runs[name]["seeds"])
             ax.errorbar(xs[0] * 0.93, (low + high) / 2, yerr=(high - low) / 2, fmt="none", capsize=4, color=color,
                         label=f"{name}: {len(runs[name]['seeds'])} seeds' min-max")
-        ax.axhline(references["bigram"], color="gray", ls="--", lw=1, label="bigram (add-one)")
+        for n, ls in ((2, "--"), (3, ":")):
+            ax.axhline(references[n][1], color="gray", ls=ls, lw=1, label=f"{'bi' if n == 2 else 'tri'}gram (add-k)")
         ax.minorticks_off()  # log-axis minor labels overlap over a decade
         ax.set(xlabel=label, ylabel="test loss (nats/token, val 2nd half)")
         ax.legend(fontsize=7)
