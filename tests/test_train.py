@@ -174,7 +174,7 @@ def test_muon_trains_and_resumes_exactly(tmp_path, monkeypatch):
     straight = tiny_config(tmp_path / "a", optimizer="muon", max_iters=20, checkpoint_interval=10)
     train(straight)
     evals = read_metrics(straight.out_dir, "eval")
-    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.3  # it learned (Muon, on its matrices too: ~0.35 nats)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5  # it learned
     assert len(load_checkpoint(Path(straight.out_dir) / "ckpt.pt")["optimizer"]) == 2  # AdamW's state, then Muon's
     interrupted = tiny_config(tmp_path / "b", optimizer="muon", max_iters=20, checkpoint_interval=10)
     assert crash_then_resume(interrupted, monkeypatch, crash_at_save=1) == 10
