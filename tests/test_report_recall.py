@@ -176,9 +176,11 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: (test_score[model], 0.0))
     ctx = Context("quick", torch.device("cpu"), None)
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
+    select = {"s": (torch.zeros(4, 100), torch.zeros(4, 100))}  # 400 scored positions: a standard error of ~2 points
 
     def grid(seeds, grid_seeds=1):
-        return tune(ctx, "recall", "gpt", None, None, [1e-3, 1e-2, 3e-2], seeds, 7, {}, test, "width 64", grid_seeds)
+        return tune(ctx, "recall", "gpt", None, None, [1e-3, 1e-2, 3e-2], seeds, 7, select, test, "width 64",
+                    grid_seeds)
 
     tuned = grid((0, 1, 2))
     assert trained == [(1e-3, 0), (1e-2, 0), (3e-2, 0), (1e-2, 1), (1e-2, 2)]
@@ -198,6 +200,14 @@ def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch
     assert tuned.lr == 3e-2 and not tuned.edge and len(trained) == 8 and tuned.lrs == [1e-3, 1e-2, 3e-2, 9e-2]
     selection[3e-2] = 0.9  # short of stop_at: the lr that solves wins, however slow
     assert grid((0, 1), grid_seeds=2).lr == 1e-2
+    # every lr at chance, the best at an end by less than 2 standard errors: a flat grid, not widened, no edge claimed
+    selection.update({1e-3: 0.26, 1e-2: 0.25, 3e-2: 0.27})
+    trained.clear()
+    tuned = grid((0, 1, 2))
+    assert tuned.flat and not tuned.edge and tuned.lrs == [1e-3, 1e-2, 3e-2] and len(trained) == 5
+    selection.update({3e-2: 0.35, 9e-2: 0.3})  # 10 points above the worst: told apart, so the grid widens past 3e-2
+    tuned = grid((0, 1, 2))
+    assert not tuned.flat and tuned.lrs == [1e-3, 1e-2, 3e-2, 9e-2]
 
 
 def test_gpt_learns_recall_in_a_short_seeded_run():
@@ -390,3 +400,5 @@ def test_seed_grid_widens_past_an_end_that_wins_until_the_best_is_inside():
     assert lrs == [1, 2, 4, 8] and best == 8  # out of steps: still at the end, which the caller reports
     best, lrs, _, _ = seed_grid(lambda lr, seed: {"score": -lr}, [0.3, 1, 3], [0], 1, lambda runs: runs[0]["score"])
     assert lrs == [0.0081, 0.027, 0.09, 0.3, 1, 3] and best == 0.0081  # downwards too, x 0.3 a step
+    best, lrs, _, _ = seed_grid(fit, [1, 2, 4], [0], 1, lambda runs: runs[0]["score"], flat=lambda runs: True)
+    assert lrs == [1, 2, 4] and best == 4  # a flat grid is never widened

@@ -11,6 +11,7 @@ import torch
 from matplotlib.ticker import NullFormatter
 
 from scripts.report.tasks import (
+    FLAT_SE,
     Tuned,
     induction_batch,
     mixed_recall_batch,
@@ -80,13 +81,19 @@ def protocol(b, steps, lrs):
     return (f"both models: batch {b['batch']}, the same cap of {steps} steps (warmup + cosine to the cap), scored "
             f"every {TRAIN['eval_every']}; a run stops before the cap only once it solves the task "
             f"({100 * TRAIN['stop_at']:g}% on every selection set); lr grid {grid} with seed "
-            f"{', '.join(map(str, SEEDS[:b['grid_seeds']]))}, widened up to 3 steps past a winning end, the lr best on "
-            f"the selection set run with seeds {', '.join(map(str, SEEDS))}; test-set accuracy, min-max over seeds")
+            f"{', '.join(map(str, SEEDS[:b['grid_seeds']]))}, widened up to 3 steps past a winning end unless flat "
+            f"(best and worst within {FLAT_SE} standard errors, none solving), the lr best on the selection set run "
+            f"with seeds {', '.join(map(str, SEEDS))}; test-set accuracy, min-max over seeds")
 
 
 def lr_note(name, tuned):
     """The chosen lr, the grid actually tried, and whether the choice still sits at its edge."""
-    return f"{name} lr {tuned.lr:g} of {lrs_text(tuned.lrs)}" + (" (at the grid's edge)" if tuned.edge else "")
+    return f"{name} lr {tuned.lr:g} of {lrs_text(tuned.lrs)}" + edge_note(tuned, " (at the grid's edge)")
+
+
+def edge_note(tuned, at_edge):
+    """What the choice's place in its grid means: at an edge after widening, or a flat grid (not widened)."""
+    return at_edge if tuned.edge else " (flat: every lr alike, not widened)" if tuned.flat else ""
 
 
 def improving_note(name, tuned):
@@ -196,7 +203,7 @@ def state_note(points, n, s, batch):
     for name in ("gpt", "lstm"):
         widths = at(points, name, n)
         accuracy = ", ".join(f"{w}: {spread(p.test)}" for w, p in widths)
-        lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + (" (at the edge)" if p.tuned.edge else "")
+        lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + edge_note(p.tuned, " (at the edge)")
                         for w, p in widths)
         improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
         parts.append(f"{name} test % by width {accuracy}; lr {lrs}; {improving} of "

@@ -13,6 +13,7 @@ from attnlab.config import ModelConfig, TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 
 IMPROVING = 0.01  # "still improving at the cap": the selection loss fell by more than this fraction in the last quarter
+FLAT_SE = 2  # a grid is flat when no run solved and its best selection accuracy beats its worst by under this many s.e.
 
 
 def lstm_preset(vocab_size):
@@ -170,12 +171,13 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
 class Tuned:
     """A model's grid: the lr chosen on the selection set, whether it still sits at an end of the grid after
     widening (the best may lie beyond it), the runs at that lr, one per seed, the seconds every run of the grid took
-    together and the lrs tried."""
+    together, the lrs tried, and whether the grid was flat (no lr told apart from another, so it was not widened)."""
     lr: float
     edge: bool
     runs: dict  # seed -> Run
     seconds: float
     lrs: list  # the grid as tried, widened past an end that won
+    flat: bool = False
 
 
 def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1, **train):
@@ -203,24 +205,33 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
         solved = sum(run.solved for run in runs)
         return solved, -sum(run.steps for run in runs) if solved == len(runs) else sum(run.select for run in runs)
 
-    best, lrs, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit)
+    scored = sum(int((y >= 0).sum()) for _, y in select.values()) / len(select)  # scored positions per selection set
+    def flat(runs):
+        """No run solved and the best selection accuracy is within FLAT_SE standard errors of the worst: every lr
+        scores alike (at chance, say), so an end that wins is noise and widening past it would chase that noise."""
+        best, worst = max(run.select for run in runs), min(run.select for run in runs)
+        return not any(run.solved for run in runs) and best - worst < FLAT_SE * math.sqrt(best * (1 - best) / scored)
+
+    best, lrs, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit, flat=flat)
     seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
-    return Tuned(best, len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs)
+    is_flat = flat(list(grid.values()))
+    return Tuned(best, not is_flat and len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs, is_flat)
 
 
-def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3):
+def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3, flat=None):
     """The report's tuning protocol, for every trained comparison: fit(lr, seed) at every lr with the first
     grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. While the
     best sits at an end of the grid, the grid grows one step past that end (the ratio of its last two points), at
-    most widen times, so the chosen lr lies strictly inside what was tried whenever that can be shown. Returns the
-    lr, the lrs tried (sorted), the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
+    most widen times, so the chosen lr lies strictly inside what was tried whenever that can be shown; unless
+    flat(every run so far) says no lr is told apart from another. Returns the lr, the lrs tried (sorted), the grid
+    {(lr, seed): run} and the chosen lr's runs {seed: run}."""
     lrs = sorted(lrs)
     grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
     def choose():
         return max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
     best = choose()
     for _ in range(widen if len(lrs) > 1 else 0):
-        if best not in (lrs[0], lrs[-1]):
+        if best not in (lrs[0], lrs[-1]) or (flat and flat(list(grid.values()))):
             break
         lr = lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]
         lr = float(f"{lr:.3g}")
