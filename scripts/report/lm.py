@@ -411,7 +411,7 @@ def improving_note(gpt_runs, lstm_runs):
 
 
 def ngram_note(ngram):
-    return ("context-free baselines on every token of the test half: " + ", ".join(
+    return ("n-gram baselines (counted on the train split) on every token of the test half: " + ", ".join(
         f"{'bigram' if int(n) == 2 else 'trigram'} {loss:.3f} (add-k, k={k:g} chosen on the selection half)"
         for n, (k, loss) in ngram.items()) + " nats")
 
