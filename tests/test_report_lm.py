@@ -231,11 +231,12 @@ def test_ngram_baselines_choose_k_on_the_selection_half_and_score_the_test_half(
 
 
 def fake_summary(gpt, lstm, gpt_time, lstm_time):
-    """A summary holding only what lm_verdict reads: test losses per seed at equal tokens and at equal time."""
+    """A summary holding only what lm_verdict reads: test losses per seed at equal tokens and at equal time, and the
+    n-gram baselines {n: (k, test loss)}."""
     def runs(tests):
         return [dict(seed=i, test=t) for i, t in enumerate(tests)]
     return dict(gpt=dict(runs=runs(gpt)), lstm=dict(runs=runs(lstm)), budget_s=10.0,
-                best_time=dict(gpt="gpt muon", lstm="lstm adamw"),
+                ngram={2: (1.0, 2.6), 3: (0.1, 2.3)}, best_time=dict(gpt="gpt muon", lstm="lstm adamw"),
                 equal_time={"gpt muon": dict(runs=runs(gpt_time)), "lstm adamw": dict(runs=runs(lstm_time))})
 
 
@@ -243,6 +244,10 @@ def test_the_verdict_follows_the_numbers_both_ways():
     gpt_wins = lm.lm_verdict(fake_summary([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [1.9, 2.0, 1.95], [2.4, 2.5, 2.45]))
     assert gpt_wins[1] == "shown here" and "gpt lower by more than the seed spread" in gpt_wins[0]
     assert "seeds 0-2" in gpt_wins[0]
+    assert "trigram baseline scores 2.300, beaten on the mean at equal tokens by gpt, equal wall time (10 s) by gpt" \
+        in gpt_wins[0]
+    lstm_wins = lm.lm_verdict(fake_summary([2.5, 2.6, 2.55], [2.4, 2.5, 2.45], [2.4, 2.5, 2.45], [2.5, 2.6, 2.55]))
+    assert "at equal tokens by neither" in lstm_wins[0]
     lstm_wins = lm.lm_verdict(fake_summary([2.5, 2.6, 2.55], [2.0, 2.1, 2.05], [2.4, 2.5, 2.45], [1.9, 2.0, 1.95]))
     assert lstm_wins[1] == "contradicted here" and "lstm lower by more than" in lstm_wins[0]
     # the GPT ahead at equal tokens by less than its seeds' spread of 0.4: not shown, however it does at equal time

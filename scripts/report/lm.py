@@ -375,6 +375,10 @@ def lm_verdict(summary):
         winners[when] = next((a for a, b in (("gpt", "lstm"), ("lstm", "gpt")) if beats(loss[a], loss[b])), None)
         outcome = f"{winners[when]} lower by more than the seed spread" if winners[when] else "within the seed spread"
         parts.append(f"{when}: test loss gpt {spread(loss['gpt'])} vs lstm {spread(loss['lstm'])}, {outcome}")
+    n, (_, floor) = min(summary["ngram"].items(), key=lambda item: item[1][1])
+    below = {when: [name for name in ("gpt", "lstm") if np.mean(loss[name]) < floor] for when, loss in tests.items()}
+    parts.append(f"the {'bigram' if int(n) == 2 else 'trigram'} baseline scores {floor:.3f}, beaten on the mean at "
+                 + ", ".join(f"{when} by {' and '.join(names) or 'neither'}" for when, names in below.items()))
     evidence = "; ".join(parts) + f" (min-max over seeds {seeds_range(summary)}; the loss part of (b), at this scale)"
     if all(w == "gpt" for w in winners.values()):
         return evidence, "shown here"
