@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnlab.runtime import native_bf16
 from model import lm_loss, require
 
 
@@ -99,7 +100,7 @@ class RNN(nn.Module):
         if attention_mask is None and idx.size(1) == 1 and not self.training:
             y, state = self._step(x[:, 0], state)
         elif attention_mask is None:
-            y, state = self.rnn(x, state)  # (B, T, C)
+            y, state = self._recur(x, state)  # (B, T, C)
         else:
             y, state = self._left_padded(x, attention_mask.bool(), state)
         if cache is not None:
@@ -108,6 +109,14 @@ class RNN(nn.Module):
             y = y[:, -1:]
         logits = self.lm_head(self.drop(y))
         return logits, None if targets is None else lm_loss(logits, targets, attention_mask)
+
+    def _recur(self, x, state):
+        """self.rnn over a whole sequence (or a packed batch). A CPU without native bf16 has no oneDNN bf16 LSTM (it
+        fails to build one), so under bf16 autocast there the recurrence runs in fp32, as a GRU does anyway."""
+        if torch.is_autocast_enabled("cpu") and x.data.device.type == "cpu" and not native_bf16(x.data.device):
+            with torch.autocast("cpu", enabled=False):
+                return self.rnn(x, state)
+        return self.rnn(x, state)
 
     def _step(self, x, state):
         """One token x (B, C) through every layer with the single-step cell kernels. On CPU the fused nn.LSTM repacks
@@ -139,7 +148,7 @@ class RNN(nn.Module):
         shift = (T - lengths)[:, None]  # (B, 1) padding per row
         to_left = ((positions[None] + shift) % T)[..., None].expand(B, T, C)  # (B, T, C) gather indices
         packed = pack_padded_sequence(x.gather(1, to_left), lengths.cpu(), batch_first=True, enforce_sorted=False)
-        y, state = self.rnn(packed, state)
+        y, state = self._recur(packed, state)
         y = pad_packed_sequence(y, batch_first=True, total_length=T)[0]  # (B, T, C), real tokens first
         to_right = ((positions[None] - shift) % T)[..., None].expand(B, T, C)
         return y.gather(1, to_right), state

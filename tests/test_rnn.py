@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import compose, tiny_config
 
+from attnlab import rnn
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, SampleConfig
 from attnlab.rnn import RNN, RNNConfig, RNNState
@@ -32,6 +33,27 @@ def test_forward_shapes_loss_and_causality(type):
     changed[:, 11:] = (changed[:, 11:] + 5) % 37
     torch.testing.assert_close(model(changed)[0][:, :11], logits[:, :11], atol=1e-6, rtol=0)
     assert model(x)[1] is None
+
+
+@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_autocast_on_a_cpu_runs_with_or_without_native_bf16(type, native, monkeypatch):
+    """Without native bf16 (AVX2) oneDNN cannot build a bf16 LSTM: the recurrence runs in fp32 there instead of
+    failing; with it, autocast may take the recurrence to bf16. Either way it trains, padded or not."""
+    if native and not rnn.native_bf16(torch.device("cpu")):
+        pytest.skip("this CPU has no native bf16")
+    monkeypatch.setattr(rnn, "native_bf16", lambda device: native)
+    model = tiny(type).train()
+    seen = []
+    model.rnn.register_forward_hook(lambda module, args, out: seen.append(out[0]))
+    x = torch.randint(0, 37, (2, 20))
+    mask = torch.arange(20)[None] >= torch.tensor([[0], [5]])  # the second row left-padded by 5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x, x)[1] + model(x, x, attention_mask=mask)[1]
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.rnn.parameters())
+    if not native:
+        assert seen[0].dtype == torch.float32 and seen[1].data.dtype == torch.float32
 
 
 @pytest.mark.parametrize("type", TYPES)
