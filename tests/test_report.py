@@ -46,6 +46,21 @@ def test_a_partial_run_writes_each_preset_to_a_scratch_folder(tmp_path, monkeypa
         assert runs["scaling"]["preset"] == ("full" if flags else "quick")
 
 
+def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_path, monkeypatch):
+    assert set(report_cli.FULL_ONLY) < set(report_cli.EXPERIMENTS)  # names the registry knows
+    ran = []
+    monkeypatch.setattr(report_cli, "EXPERIMENTS", {name: lambda ctx, name=name: ran.append((ctx.preset, name))
+                                                    for name in ("scaling", "recall", "positions", "window", "lm")})
+    monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds: None)
+    for flags in ([], ["--full"], ["--only", "recall,lm"]):
+        ran.clear()
+        monkeypatch.setattr(sys, "argv", ["scripts.report", "--device", "cpu", "--out", str(tmp_path), *flags])
+        report_cli.main()
+        names = [name for _, name in ran]
+        assert names == {0: ["scaling", "lm"], 1: ["scaling", "recall", "positions", "window", "lm"],
+                         2: ["recall", "lm"]}[len(flags)]
+
+
 def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(report_cli, "EXPERIMENTS", dict(recall=None, lm=None, sizes=None, throughput=None))
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")

@@ -227,11 +227,11 @@ def test_every_budget_follows_the_protocol():
         assert 1 <= budget["grid_seeds"] <= len(recall.SEEDS)  # the chosen lr then runs the remaining seeds
         state = budget["state"]
         assert min(state["gpt"]) <= 16 and all(len(state["lrs"][name]) == 3 for name in ("gpt", "lstm"))
-        assert tuple(state["lstm"])[:2] == (4, 8)
+        assert tuple(state["lstm"])[0] == 4  # the smallest case first: an LSTM must solve it to tie failures to state
         for n in [n for n in state["lstm"] if n <= 16]:  # the LSTM's widest state meets the narrowest GPT's cache
             lstm = state_bytes(recall.state_model("lstm", max(state["lstm"][n]), n), 3 * n)
             assert lstm >= state_bytes(recall.state_model("gpt", min(state["gpt"]), n), 3 * n)
-    assert len(recall.SEEDS) >= 3 and 16 in recall.BUDGET["full"]["state"]["lstm"]
+    assert len(recall.SEEDS) >= 3 and {4, 8, 16} <= set(recall.BUDGET["full"]["state"]["lstm"])
 
 
 @pytest.mark.parametrize("seq_len, min_len", [(8, 2), (12, 3)])

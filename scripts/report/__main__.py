@@ -1,6 +1,6 @@
 """Why attention replaced RNNs, measured on this machine: a GPT against an LSTM of the same size, in one command.
 
-    python -m scripts.report                    # quick preset: scripts/report/results/quick/
+    python -m scripts.report                    # quick preset (no recall, positions, window): results/quick/
     python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
     python -m scripts.report --only recall      # one experiment (or several, comma-separated): into out/report/quick/
     python -m scripts.report --only recall --out scripts/report/results/quick   # ... into the committed report
@@ -39,6 +39,8 @@ EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_reca
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
 VERDICT_FIELDS = ["experiment", "reason", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
+# decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
+FULL_ONLY = ("recall", "positions", "window")
 
 
 def merge_csv(path, fields, new_rows, replaced):
@@ -108,7 +110,7 @@ def main():
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else list(EXPERIMENTS)
+    names = args.only.split(",") if args.only else [n for n in EXPERIMENTS if args.full or n not in FULL_ONLY]
     if unknown := set(names) - set(EXPERIMENTS):
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(EXPERIMENTS)}")
     if args.threads:

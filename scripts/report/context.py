@@ -28,8 +28,7 @@ from scripts.report import RUNS, lm
 # steps (the same for both models; the quick GPT sat at the uniform guess on the repeat after 500 steps of 8 and
 # copied at every D, ~0.1 nats, after 2000); test_sequences: test sequences per D (their text from
 # the val split's 2nd half).
-# Sized by steps x one measured step on 2 threads: quick ~3.5 min (scoring 3 seeds of the lm models ~40 s, two repeat
-# runs at context 336 ~3 min), full ~22 min (~4 min scoring the 0.8M-param lm models, ~18 min two runs at 1024).
+# Sized by steps x one measured step; the presets' wall times, with their machine, are in docs/report.md.
 BUDGET = {
     "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
                   test_sequences=256),

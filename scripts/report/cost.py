@@ -27,7 +27,7 @@ BUDGET = {
     # throughput: a training step of `tokens` tokens (batch tokens / T) at every (width, T), on `threads` threads,
     # `repeats` alternating timed rounds after a warm-up each; the full preset adds d=64, where CPU kernels are
     # overhead-bound, to show the ratio's trend with width. Sized by FLOPs per step (flops_per_token x tokens, both
-    # models, every call) at 80 GFLOP/s on 2 threads: about 2 min quick, 8 min full
+    # models, every call) over the measured GFLOP/s (docs/report.md has the wall times)
     # long: one layer's forward and backward at each length, `long_rounds` rounds; a path stops where growth as T²
     # from its last point predicts more than memory_cap bytes or time_cap_s seconds per call.
     # generation: new_tokens decoded (median per token) after each of the contexts

@@ -40,7 +40,7 @@ from data.tokenizers import load_tokenizer
 from scripts.report.lm import best_run, lm_results
 
 BUDGET = {"quick": dict(windows=1000), "full": dict(windows=3000)}  # windows read, at most: the stdlib val split
-# holds about 2700 (the default GPT reads ~100 a second on 2 CPU threads)
+# holds about 2700
 OPENERS, CLOSERS = "([{", ")]}"
 DEFINITIONS = [re.compile(pattern, re.M) for pattern in (  # each captures the defined name; see the module docstring
     r"^[ \t]*(?:def|class)[ \t]+(\w+)", r"^[ \t]*(\w+)(?:[ \t]*:[\w.\[\], |'\"]*)?[ \t]+=[ \t]",
