@@ -144,6 +144,12 @@ def test_presets_match_the_default_gpt_within_one_percent(preset):
     assert cfg.type == preset and isinstance(build_model(cfg), RNN) and abs(rnn / gpt - 1) < 0.01
 
 
+def test_the_lstm_preset_brings_its_tuned_muon_lr_and_the_command_line_still_wins():
+    assert compose().train.muon_lr == 0.02 and compose("model=lstm").train.muon_lr == 0.08
+    assert compose("model=lstm", "train.muon_lr=0.01").train.muon_lr == 0.01
+    assert compose("model=gru").train.muon_lr == 0.02  # the GRU's was not tuned
+
+
 @pytest.mark.slow
 def test_train_py_trains_an_lstm_and_sample_py_samples_from_it(tmp_path):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=6, eval_interval=3, warmup_iters=1)
