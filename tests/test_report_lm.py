@@ -246,8 +246,8 @@ def test_the_verdict_follows_the_numbers_both_ways():
     assert "seeds 0-2" in gpt_wins[0]
     assert "trigram baseline scores 2.300, beaten on the mean at equal tokens by gpt, equal wall time (10 s) by gpt" \
         in gpt_wins[0]
-    lstm_wins = lm.lm_verdict(fake_summary([2.5, 2.6, 2.55], [2.4, 2.5, 2.45], [2.4, 2.5, 2.45], [2.5, 2.6, 2.55]))
-    assert "at equal tokens by neither" in lstm_wins[0]
+    neither = lm.lm_verdict(fake_summary([2.5, 2.6, 2.55], [2.4, 2.5, 2.45], [2.4, 2.5, 2.45], [2.5, 2.6, 2.55]))
+    assert "at equal tokens by neither" in neither[0]  # both above the trigram's 2.3
     lstm_wins = lm.lm_verdict(fake_summary([2.5, 2.6, 2.55], [2.0, 2.1, 2.05], [2.4, 2.5, 2.45], [1.9, 2.0, 1.95]))
     assert lstm_wins[1] == "contradicted here" and "lstm lower by more than" in lstm_wins[0]
     # the GPT ahead at equal tokens by less than its seeds' spread of 0.4: not shown, however it does at equal time
