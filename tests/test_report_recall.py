@@ -278,8 +278,9 @@ def test_recall_experiment_end_to_end(tiny_budget, monkeypatch):
     assert {s for m, s, _, _ in runs if m == "gpt"} == {"width 64"}
 
 
-def test_recall_state_end_to_end(tiny_budget):
+def test_recall_state_end_to_end(tiny_budget, monkeypatch):
     ctx = tiny_budget
+    monkeypatch.setattr(recall, "LEVEL", 0.0)  # every width "solves", so every pair count is trained
     recall.exp_recall_state(ctx)
     assert {p.name for p in ctx.out.glob("*.png")} == {"recall_state.png"}
     assert [r["measure"].split(" (")[0] for r in ctx.rows] == ["narrowest width solving 2 pairs",
@@ -296,6 +297,23 @@ def test_recall_state_end_to_end(tiny_budget):
         seeds = [p["seed"] for p in ctx.grid if (p["model"], p["setting"]) == setting and p["metric"] ==
                  "selection accuracy"]
         assert len(seeds) >= 5 and seeds.count(0) >= 3 and seeds.count(1) == seeds.count(2) == 1
+
+
+def test_recall_state_stops_at_the_first_pair_count_no_lstm_solves(tiny_budget, monkeypatch):
+    monkeypatch.setitem(recall.BUDGET["quick"], "state", dict(
+        steps=4, gpt=(8,), lstm={4: (16, 96), 8: (96, 192), 16: (192, 384)},
+        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}))
+    monkeypatch.setattr(recall, "N_KEYS", 16)
+    scripted_state(monkeypatch, lambda kind, width, n: 1.0 if kind == "gpt" or n == 4 and width == 96 else 0.3)
+    ctx = tiny_budget
+    recall.exp_recall_state(ctx)  # the LSTM solves 4 pairs at width 96, none of 8: 16 pairs is not trained
+    assert {p["setting"].split(",")[0] for p in ctx.grid} == {"4 pairs", "8 pairs"}
+    assert [r["measure"].split(" (")[0] for r in ctx.rows] == ["narrowest width solving 4 pairs",
+                                                                "narrowest width solving 8 pairs", "16 pairs"]
+    skipped = ctx.rows[-1]
+    assert skipped["gpt"] == "not trained" and "no LSTM width solved 8 pairs (widths 96/192)" in skipped["note"]
+    (verdict,) = ctx.verdicts
+    assert "narrowest solving LSTM width 96/none at 4/8 pairs" in verdict["evidence"]
 
 
 def scripted_state(monkeypatch, accuracy):

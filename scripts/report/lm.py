@@ -44,15 +44,16 @@ from scripts.report.tasks import rnn_width, seed_grid
 # test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
 # Run counts (3 seeds): lm 10 at equal tokens + 13 at equal time, positions 9, window 3 per size, about 35 in all,
 # each a train.py start-up, its training and the scoring; docs/report.md has the wall times.
-# 8 x 256 tokens a step is train.py's default 16 x 128. The full grids are centred on the last full run's choices
-# (GPT 2e-3, LSTM 2e-2 at the old grids' ends); seed_grid widens any grid whose best is at an end.
+# 8 x 256 tokens a step is train.py's default 16 x 128. The full grids are centred on the quick run's choices (GPT
+# 3e-3 and muon_lr 0.04, LSTM 1e-2 and 0.16); seed_grid widens any grid whose best is at an end.
 BUDGET = {
     "quick": dict(gpt=["model.n_layer=2", "model.n_head=2", "model.n_embd=64"], block_size=256, batch_size=8,
                   steps=128, lrs=dict(gpt=[1.5e-3, 3e-3, 6e-3], lstm=[5e-3, 1e-2, 2e-2]),
                   muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.04, 0.08, 0.16]), grid_seeds=1, seeds=3, evals=4,
                   eval_iters=4, select_windows=128, test_windows=512, windows=[64]),
-    "full": dict(gpt=["model.n_embd=128"], block_size=256, batch_size=8, steps=250, lrs=dict(gpt=[1e-3, 2e-3, 4e-3],
-                 lstm=[1e-2, 2e-2, 4e-2]), muon_lrs=dict(gpt=[0.01, 0.02, 0.04], lstm=[0.01, 0.02, 0.04]),
+    "full": dict(gpt=["model.n_layer=3", "model.n_head=3", "model.n_embd=96"], block_size=256, batch_size=8,
+                 steps=256, lrs=dict(gpt=[1.5e-3, 3e-3, 6e-3], lstm=[5e-3, 1e-2, 2e-2]),
+                 muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
                  grid_seeds=1, seeds=3, evals=4, eval_iters=4, select_windows=256, test_windows=None, windows=[64]),
 }
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
