@@ -62,3 +62,10 @@ def test_train_flops_by_hand():
                          "not shown here")])
 def test_verdict_follows_the_gap_against_the_seed_spread(gaps, spread, status):
     assert sizes.decide(gaps, spread) == status
+
+
+@pytest.mark.parametrize("preset", sorted(sizes.BUDGET))
+def test_every_presets_ladder_composes_into_valid_models(preset):
+    for n_layer, n_head, n_embd in sizes.BUDGET[preset]["gpt"]:  # compose raises on a width n_head does not divide
+        assert compose(f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}").model.n_embd
+    assert compose(*lm.BUDGET[preset]["gpt"]).model.n_layer >= 1

@@ -32,7 +32,7 @@ BUDGET = {
     "quick": dict(gpt=[(2, 2, 48), (2, 4, 144)], block_size=256, batch_size=8, steps=200,
                   lrs=dict(gpt=[6e-3, 1.2e-2, 2.4e-2], lstm=[1e-2, 2e-2, 4e-2]), seeds=3, evals=4, eval_iters=2,
                   select_windows=128, test_windows=256),
-    "full": dict(gpt=[(2, 2, 64), (3, 3, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=500,
+    "full": dict(gpt=[(2, 2, 64), (3, 4, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=500,
                  lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, evals=4, eval_iters=2,
                  select_windows=256, test_windows=None),
 }
