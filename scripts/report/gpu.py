@@ -43,7 +43,7 @@ GPU_CHECKED = False  # True once a GPU run's outputs have been read and found sa
 VOCAB = 96  # the throughput part's random tokens: the stdlib corpus's characters
 # AdamW peaks the committed CPU report's full lm grid chose (scripts/report/results/full/results.csv, the lm rows),
 # used where out/compare/lm/summary.json (the last lm experiment's choice) is absent
-LRS = dict(gpt=2e-3, lstm=2e-2)
+LRS = dict(gpt=3e-3, lstm=1e-2)
 # gpt: the GPT's shape (5 x 512, heads of 64: about 15.8M parameters); tokens: per training step at every T;
 # warmup, rounds: untimed and timed (alternating) steps per length; lm_*: the LM runs' context, batch, seconds of
 # training each, eval interval and batches, and the seconds a run spends outside its budget (start-up, corpus,
