@@ -69,6 +69,13 @@ def test_the_span_repeats_at_distance_d():
     assert all(torch.equal(k[a:a + 3], s[i, a + 1:a + 4]) for i, (k, a) in enumerate(zip(kept, at.tolist())))
 
 
+@pytest.mark.parametrize("preset", sorted(context.BUDGET))
+def test_every_presets_repeat_corpus_fits_its_window(preset):
+    b = context.BUDGET[preset]
+    assert b["span"] <= min(b["distances"])  # the two copies never overlap, so every copyable token is a copy
+    assert max(b["distances"]) + b["span"] <= b["context"] + 1  # the pair fits the window at the largest D
+
+
 def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():
     ks = [8, 16, 32, 64]
     rises = torch.tensor([[0.5, 0.10, 0.01, 0.0], [0.6, 0.12, 0.05, 0.0]])  # at 32: mean 0.03, range 0.04

@@ -26,13 +26,14 @@ from scripts.report import RUNS, lm
 # last position for every k; distances, span, context: the repeat corpus's D values, span length and window (room
 # for the pair at many places even at the largest D); batch_size, steps: the repeat runs' sequences a step and
 # steps (the same for both models; the quick GPT sat at the uniform guess on the repeat after 500 steps of 8 and
-# copied at every D, ~0.1 nats, after 2000); test_sequences: test sequences per D (their text from
+# copied at every D, ~0.1 nats, after 2000; the full one, 1000 steps of 4 with span 24, copied only partly);
+# span <= the smallest D, so the copies never overlap; test_sequences: test sequences per D (their text from
 # the val split's 2nd half).
 # Sized by steps x one measured step; the presets' wall times, with their machine, are in docs/report.md.
 BUDGET = {
     "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
                   test_sequences=256),
-    "full": dict(windows=768, distances=[32, 128, 512, 768], span=24, context=1024, batch_size=4, steps=1000,
+    "full": dict(windows=768, distances=[32, 128, 512, 768], span=32, context=1024, batch_size=4, steps=2000,
                  test_sequences=512),
 }
 SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
