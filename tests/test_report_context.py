@@ -76,6 +76,12 @@ def test_every_presets_repeat_corpus_fits_its_window(preset):
     assert max(b["distances"]) + b["span"] <= b["context"] + 1  # the pair fits the window at the largest D
 
 
+def test_training_distances_span_the_test_distances_too_densely_to_learn_each_by_position():
+    ds = context.training_distances([32, 128, 512, 768])
+    assert ds[0] == 32 and ds[-1] == 768 and ds == sorted(set(ds))
+    assert len(ds) > 50  # far more distances than heads to learn them one by one
+
+
 def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():
     ks = [8, 16, 32, 64]
     rises = torch.tensor([[0.5, 0.10, 0.01, 0.0], [0.6, 0.12, 0.05, 0.0]])  # at 32: mean 0.03, range 0.04

@@ -1,8 +1,9 @@
 """How far back each model uses its context, two ways: (i) the lm experiment's trained models scored at the last
 position of a window whose tokens more than k back are replaced by draws from the corpus's unigram distribution
 (Khandelwal et al. 2018: the k past which replacing changes nothing is the context a model uses); (ii) both models
-trained briefly on text where a span of random tokens repeats at distance D (the loss on the repeat only), scored on
-the repeat, which only a model that reaches D tokens back can copy.
+trained briefly on text where a span of random tokens repeats at a distance drawn from a log-spaced range (the loss
+on the repeat only), scored on the repeat at each test distance D, which only a model that reaches D tokens back can
+copy.
     python -m scripts.report --only context
 """
 import math
@@ -23,12 +24,11 @@ from data.corpus import load_split
 from scripts.report import RUNS, lm
 
 # windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) scored at their
-# last position for every k; distances, span, context: the repeat corpus's D values, span length and window (room
-# for the pair at many places even at the largest D); batch_size, steps: the repeat runs' sequences a step and
-# steps (the same for both models; the quick GPT sat at the uniform guess on the repeat after 500 steps of 8 and
-# copied at every D, ~0.1 nats, after 2000; the full one, 1000 steps of 4 with span 24, copied only partly);
-# span <= the smallest D, so the copies never overlap; test_sequences: test sequences per D (their text from
-# the val split's 2nd half).
+# last position for every k; distances, span, context: the repeat corpus's test D values (training draws D from
+# training_distances, spanning them), span length and window (room for the pair at many places even at the largest
+# D); span <= the smallest D, so the copies never overlap; batch_size, steps: the repeat runs' sequences a step and
+# steps, the same for both models (trained on the test D values alone, the full GPT learned two of four by position);
+# test_sequences: test sequences per D (their text from the val split's 2nd half).
 # Sized by steps x one measured step; the presets' wall times, with their machine, are in docs/report.md.
 BUDGET = {
     "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
@@ -127,6 +127,12 @@ def repeat_batch(tokens, batch_size, distances, span, T, alphabet, generator):
     return s[:, :-1], s[:, 1:], d, at
 
 
+def training_distances(distances):
+    """About 64 distances log-spaced from the smallest test D to the largest: trained on these, a model cannot copy
+    each test D by a head that looks back that many positions, only by finding the span's earlier copy by content."""
+    return sorted(set(np.geomspace(min(distances), max(distances), 64).round().astype(int).tolist()))
+
+
 def copy_targets(at, span):
     """The target indices (B, span - 1) of the copyable tokens of copies starting at at (B,)."""
     return at[:, None] + torch.arange(1, span, device=at.device) - 1
@@ -153,10 +159,10 @@ def repeat_run(ctx, budget, summary, name):
     train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=steps // 10,
                             optimizer="adamw")
     optimizer = make_optimizer(model, train_cfg, ctx.device)
-    generator, start = torch.Generator().manual_seed(SEED), time.time()
+    generator, start, train_ds = torch.Generator().manual_seed(SEED), time.time(), training_distances(distances)
     for it in tqdm(range(steps), desc=f"context: repeat corpus, {name}", leave=False):
         set_lr(optimizer, get_lr(it, train_cfg))
-        x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], distances, span, T, alphabet, generator)
+        x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], train_ds, span, T, alphabet, generator)
         y = copyable(y, at, span)  # a brief run spends every gradient on the copy (the text's loss: the lm experiment)
         train_step(model, optimizer, [(x.to(ctx.device), y.to(ctx.device))], grad_clip=train_cfg.grad_clip)
     seconds, generator = time.time() - start, torch.Generator().manual_seed(SEED + 1)
@@ -237,7 +243,8 @@ def context_rows(ctx, budget, summary, rises, repeats):
                         f"{repeats[name]['seconds']:.0f} s" for name in ("gpt", "lstm"))
     ctx.row("context", f"loss on a repeated span of {span} random tokens at D = " + " / ".join(map(str, distances)),
             losses("gpt", "repeat"), losses("lstm", "repeat"),
-            f"each model trained on text (the lm corpus) with a span repeated at distance D, the loss on the repeat's "
+            f"each model trained on text (the lm corpus) with a span repeated at a distance drawn log-uniform from "
+            f"{min(distances)}-{max(distances)}, scored at each D on the repeat's "
             f"copyable {span - 1} tokens only, context "
             f"{repeats['gpt']['T']}, {budget['batch_size']} sequences a step, seed {SEED}; {trained}; the first "
             f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (a uniform guess over the span's "
@@ -295,4 +302,5 @@ def context_figure(ctx, budget, summary, rises, repeats):
         ax.legend(fontsize=7)
     ctx.save(fig, "context.png", f"left: {lm.lm_detail(summary)}\nright: the same shapes at context "
              f"{repeats['gpt']['T']}, trained {budget['steps']} steps x {budget['batch_size']} "
-             f"sequences on the repeat corpus, span {budget['span']}, seed {SEED}")
+             f"sequences on the repeat corpus (D log-uniform in {min(budget['distances'])}-"
+             f"{max(budget['distances'])}), span {budget['span']}, seed {SEED}")
