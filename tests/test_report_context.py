@@ -95,6 +95,8 @@ def test_effective_context_is_where_the_rise_drops_within_the_seeds_range():
     ([(2.0, 0.01), (2.0, 0.01)], [(1.0, 0.02), (1.5, 0.02)], (2, 2), "contradicted here"),  # the LSTM better far off
     ([(1.0, 0.05), (1.0, 0.05)], [(1.0, 0.05), (1.05, 0.05)], (2, 2), "not shown here"),  # alike within the noise
     ([(0.2, 0.01), (3.0, 0.01)], [(1.0, 0.02), (3.5, 0.02)], (1, 1), "not shown here"),  # both rise alike
+    ([(3.86, 0.001), (3.85, 0.001)], [(3.87, 0.001), (3.87, 0.001)], (0, 0), "not shown here"),  # beyond noise, tiny
+    ([(3.86, 0.001), (3.95, 0.001)], [(3.87, 0.001), (3.87, 0.001)], (0, 0), "not shown here"),  # LSTM better, tiny
 ])
 def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, copies, status):
     assert context.decide(gpt, lstm, *copies) == status
@@ -103,3 +105,4 @@ def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, copies, status):
 def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_beyond_the_noise():
     assert context.copied(dict(first=4.0, repeat=3.0, se=0.1))
     assert not context.copied(dict(first=4.0, repeat=3.85, se=0.1))
+    assert not context.copied(dict(first=3.89, repeat=3.85, se=0.001))  # beyond the noise, but too small to count

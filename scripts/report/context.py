@@ -198,21 +198,26 @@ def repeat_scores(model, x, y, d, at, span, batch_size=32):
                 first=first.mean().item())
 
 
+# the smallest loss difference that counts (10% in perplexity): a few hundredths of a nat can come from a model
+# raising every token it has just seen, a cache rather than a look-up of what came next
+MATERIAL = 0.1
+
+
 def copied(score):
-    """Whether the repeat costs less than the first copy by more than twice the repeat's standard error."""
-    return score["first"] - score["repeat"] > 2 * score["se"]
+    """Whether the repeat costs less than the first copy by more than MATERIAL and twice the repeat's standard error."""
+    return score["first"] - score["repeat"] > max(2 * score["se"], MATERIAL)
 
 
 def decide(gpt, lstm, gpt_copies, lstm_copies):
     """The verdict from the repeat's loss by D (ascending), each model's [(loss, standard error)], and how many of
     the distances each model copies at: shown where the LSTM is worse than the GPT at the longest D and either copies
     at fewer distances or its loss rises from the shortest to the longest D more than the GPT's, each by more than
-    twice their standard errors; contradicted where the LSTM is better at the longest D by more than that; not shown
-    otherwise."""
+    MATERIAL and twice their standard errors; contradicted where the LSTM is better at the longest D by more than
+    that; not shown otherwise."""
     gap = lstm[-1][0] - gpt[-1][0]
-    gap_noise = 2 * math.hypot(gpt[-1][1], lstm[-1][1])
+    gap_noise = max(2 * math.hypot(gpt[-1][1], lstm[-1][1]), MATERIAL)
     rise = (lstm[-1][0] - lstm[0][0]) - (gpt[-1][0] - gpt[0][0])
-    rise_noise = 2 * math.sqrt(sum(se ** 2 for _, se in (gpt[0], gpt[-1], lstm[0], lstm[-1])))
+    rise_noise = max(2 * math.sqrt(sum(se ** 2 for _, se in (gpt[0], gpt[-1], lstm[0], lstm[-1]))), MATERIAL)
     if gap < -gap_noise:
         return "contradicted here"
     if gap > gap_noise and (lstm_copies < gpt_copies or rise > rise_noise):
@@ -256,12 +261,12 @@ def context_rows(ctx, budget, summary, rises, repeats):
     copies = {name: [D for D in distances if copied(repeats[name]["scores"][D])] for name in ("gpt", "lstm")}
     status = decide(by_d["gpt"], by_d["lstm"], len(copies["gpt"]), len(copies["lstm"]))
     lo, hi = distances[0], distances[-1]
-    copy_note = "; ".join(f"{name} copies (repeat below the first copy by > 2 standard errors) at D = "
-                          + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
+    copy_note = "; ".join(f"{name} copies (repeat below the first copy by > 2 standard errors and > {MATERIAL} "
+                          "nats) at D = " + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
     evidence = (f"on the repeated span the LSTM's loss goes {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f} "
                 f"nats from D = {lo} to {hi}, the GPT's {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f} "
-                f"(noise: twice the standard errors); effective context on text {effective['gpt']} (gpt) / "
-                f"{effective['lstm']} (lstm) of {T}")
+                f"(a difference counts beyond twice the standard errors and {MATERIAL} nats); effective context on "
+                f"text {effective['gpt']} (gpt) / {effective['lstm']} (lstm) of {T}")
     gap = by_d["lstm"][-1][0] - by_d["gpt"][-1][0]
     ctx.row("context", f"gap at D = {hi}, LSTM - GPT, repeated span", f"{gap:+.3f}", "-",
             f"{evidence}; {copy_note}; that the LSTM uses long context worse than attention is {status}")
