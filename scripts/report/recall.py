@@ -30,7 +30,7 @@ SEEDS = (0, 1, 2)  # the chosen lr runs with every seed; the spread over them (m
 LEVEL = 0.9  # recall_state: a width "solves" a pair count when every seed reaches this test accuracy
 # Sized as steps x the measured time of one step (docs/report.md has the wall times): a 2-layer LSTM step grows
 # ~ width^2 x tokens, a small GPT's is nearly flat. The estimate lets every LSTM run go to the cap.
-BUDGET = {  # what the experiments may spend; both models always get the same cap, batch, schedule, optimizer and grid
+BUDGET = {  # what the experiments may spend; both models always get the same cap, batch, schedule and lr grid
     "quick": dict(
         batch=32,  # sequences per training step
         recall_steps=600,  # the step cap of every recall run (warmup + cosine to it)
@@ -43,14 +43,17 @@ BUDGET = {  # what the experiments may spend; both models always get the same ca
         # so the LSTM meets the width-8 GPT at 24 x pairs units and the width-16 one at 48 x pairs
         # (4 pairs only: no LSTM solved 4 at this cap, so 8 told nothing more; 192 holds the solving GPT-16's cache)
         state=dict(steps=600, gpt=(8, 16), lstm={4: (48, 192)},
-                   lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)}),
+                   lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
+                   optimizers={"gpt": ("muon",), "lstm": ("muon",)}),
     ),
     "full": dict(batch=32, recall_steps=1000, induction_steps=2000, lrs={"gpt": (3e-3, 1e-2, 3e-2),
                  "lstm": (3e-3, 1e-2, 3e-2)}, grid_seeds=1, selection=192, test=512,
-                 # a 5,000-step cap; each pair count's widest LSTM meets the width-8 GPT's cache. 8 and 16
-                 # pairs train only once an LSTM solves the count before (a width-384 step costs ~30x a width-48 one)
-                 state=dict(steps=5000, gpt=(8, 16), lstm={4: (48, 96), 8: (96, 192), 16: (192, 384)},
-                            lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)})),
+                 # a 5,000-step cap; at 4 pairs the LSTM's widths hold the width-8 and width-16 GPTs' caches, at 8
+                 # and 16 its widest meets the width-8 one. 8 and 16 pairs train only once an LSTM solves the count
+                 # before (a width-384 step costs ~30x a width-48 one). The LSTM's best recipe: Muon or AdamW per width
+                 state=dict(steps=5000, gpt=(8, 16), lstm={4: (96, 192), 8: (96, 192), 16: (192, 384)},
+                            lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
+                            optimizers={"gpt": ("muon",), "lstm": ("muon", "adamw")})),
 }
 TRAIN = dict(eval_every=50, stop_at=0.99)  # train_synthetic's only early stop: solved, stated in every figure
 
@@ -173,12 +176,13 @@ def exp_recall_state(ctx):
             for width in widths:
                 cfg = state_model(name, width, n)
                 tuned = tune(ctx, "recall_state", name, cfg, make, s["lrs"][name], SEEDS, s["steps"], select, test,
-                             f"{n} pairs, width {width}", b["grid_seeds"], **TRAIN)
+                             f"{n} pairs, width {width}", b["grid_seeds"], s["optimizers"][name], **TRAIN)
                 points[name, n, width] = Point(state_bytes(cfg, 3 * n), [run.test[n] for run in tuned.runs.values()],
                                                [steps_to(run, LEVEL) for run in tuned.runs.values()], tuned)
     detail = (f"2-layer GPT (1 head) and 2-layer LSTM at each width, trained and tested on a fixed number of pairs "
               f"({N_KEYS} keys, 3 x pairs tokens); GPT state: its KV cache after those tokens, LSTM: h and c; "
-              + protocol(b, s["steps"], s["lrs"]) + f"; steps to {100 * LEVEL:g}% read from the selection curve")
+              + protocol(b, s["steps"], s["lrs"]) + "; " + optimizer_text(s["optimizers"])
+              + f"; steps to {100 * LEVEL:g}% read from the selection curve")
     state_figure(ctx, points, pairs, s["steps"], detail)
     for n in pairs:
         ctx.row("recall_state", f"narrowest width solving {n} pairs ({3 * n} tokens): >= {100 * LEVEL:g}% test "
@@ -211,7 +215,7 @@ def state_note(points, n, s, batch):
         widths = at(points, name, n)
         accuracy = ", ".join(f"{w}: {spread(p.test)}" for w, p in widths)
         lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + edge_note(p.tuned, " (at the edge)")
-                        for w, p in widths)
+                        + chosen(p.tuned) for w, p in widths)
         improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
         parts.append(f"{name} test % by width {accuracy}; lr {lrs}; {improving} of "
                      f"{sum(len(p.tuned.runs) for _, p in widths)} chosen-lr runs still improving at the cap")
@@ -220,6 +224,25 @@ def state_note(points, n, s, batch):
     return (f"min-max over {len(SEEDS)} seeds; chance (1/pairs) {100 / n:.1f}%; the widest LSTM's state ({lstm:,} B) "
             f"{overlap} the narrowest GPT's KV cache ({gpt:,} B); " + "; ".join(parts) +
             f"; at most {s['steps']} steps of {batch}")
+
+
+def optimizer_text(optimizers):
+    """Which optimizer each model trains with, for the detail line."""
+    def one(name):
+        opts = optimizers[name]
+        return f"{name} {opts[0]}" if len(opts) == 1 else (f"{name} the better of {'/'.join(opts)} at each width "
+                                                           f"(each with its own lr grid, chosen on the selection set)")
+    return ("optimizer " + ", ".join(one(name) for name in ("gpt", "lstm"))
+            + " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere)")
+
+
+def chosen(tuned):
+    """' with adamw (grid-seed selection at each one's best lr: muon 25.9%, adamw 79.0%)' where several optimizers
+    competed, else ''."""
+    if len(tuned.tried) < 2:
+        return ""
+    scores = ", ".join(f"{opt} {100 * acc:.1f}%" for opt, acc in tuned.tried.items())
+    return f" with {tuned.optimizer} (grid-seed selection at each one's best lr: {scores})"
 
 
 def state_verdict(points, pairs):
@@ -271,8 +294,10 @@ def state_figure(ctx, points, pairs, cap, detail):
             mean = [100 * sum(p.test) / len(p.test) for _, p in widths]
             bars = [[max(0, m - 100 * min(p.test)) for m, (_, p) in zip(mean, widths)],  # >= 0 despite rounding
                     [max(0, 100 * max(p.test) - m) for m, (_, p) in zip(mean, widths)]]
+            competed = any(len(p.tuned.tried) > 1 for _, p in widths)
+            chose = f" ({'/'.join(p.tuned.optimizer for _, p in widths)})" if competed else ""
             top.errorbar(x, mean, yerr=bars, fmt=style, color=color, capsize=2,
-                         label=f"{name}, widths {'/'.join(str(w) for w, _ in widths)}")
+                         label=f"{name}, widths {'/'.join(str(w) for w, _ in widths)}{chose}")
             for _, p in widths:
                 reached = [step for step in p.steps if step is not None]
                 bottom.plot([p.bytes] * len(reached), reached, style[0], color=color, alpha=0.6)
