@@ -41,19 +41,21 @@ BUDGET = {  # what the experiments may spend; both models always get the same ca
         test=256,  # sequences per test set (recall: per number of pairs), scored once per run
         # recall_state: pairs -> LSTM widths. h and c hold 16 B per unit, a width-d GPT's KV cache 16 x d B per token,
         # so the LSTM meets the width-8 GPT at 24 x pairs units and the width-16 one at 48 x pairs
-        # (4 pairs only: no LSTM solved 4 at this cap, so 8 told nothing more; 192 holds the solving GPT-16's cache)
+        # (4 pairs only: no LSTM solved 4 at this cap, so 8 told nothing more; 192 holds the solving GPT-16's cache).
+        # Muon for both: at 600 steps no LSTM leaves chance under either optimizer (docs/log.md)
         state=dict(steps=600, gpt=(8, 16), lstm={4: (48, 192)},
                    lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
-                   optimizers={"gpt": ("muon",), "lstm": ("muon",)}),
+                   optimizer={"gpt": "muon", "lstm": "muon"}),
     ),
     "full": dict(batch=32, recall_steps=1000, induction_steps=2000, lrs={"gpt": (3e-3, 1e-2, 3e-2),
                  "lstm": (3e-3, 1e-2, 3e-2)}, grid_seeds=1, selection=192, test=512,
                  # a 5,000-step cap; at 4 pairs the LSTM's widths hold the width-8 and width-16 GPTs' caches, at 8
                  # and 16 its widest meets the width-8 one. 8 and 16 pairs train only once an LSTM solves the count
-                 # before (a width-384 step costs ~30x a width-48 one). The LSTM's best recipe: Muon or AdamW per width
+                 # before (a width-384 step costs ~30x a width-48 one). Each model's better optimizer on recall
+                 # (docs/log.md): the LSTM learns it with AdamW, not with Muon
                  state=dict(steps=5000, gpt=(8, 16), lstm={4: (96, 192), 8: (96, 192), 16: (192, 384)},
                             lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
-                            optimizers={"gpt": ("muon",), "lstm": ("muon", "adamw")})),
+                            optimizer={"gpt": "muon", "lstm": "adamw"})),
 }
 TRAIN = dict(eval_every=50, stop_at=0.99)  # train_synthetic's only early stop: solved, stated in every figure
 
@@ -176,13 +178,13 @@ def exp_recall_state(ctx):
             for width in widths:
                 cfg = state_model(name, width, n)
                 tuned = tune(ctx, "recall_state", name, cfg, make, s["lrs"][name], SEEDS, s["steps"], select, test,
-                             f"{n} pairs, width {width}", b["grid_seeds"], s["optimizers"][name], **TRAIN)
+                             f"{n} pairs, width {width}", b["grid_seeds"], optimizer=s["optimizer"][name], **TRAIN)
                 points[name, n, width] = Point(state_bytes(cfg, 3 * n), [run.test[n] for run in tuned.runs.values()],
                                                [steps_to(run, LEVEL) for run in tuned.runs.values()], tuned)
     detail = (f"2-layer GPT (1 head) and 2-layer LSTM at each width, trained and tested on a fixed number of pairs "
               f"({N_KEYS} keys, 3 x pairs tokens); GPT state: its KV cache after those tokens, LSTM: h and c; "
-              + protocol(b, s["steps"], s["lrs"]) + "; " + optimizer_text(s["optimizers"])
-              + f"; steps to {100 * LEVEL:g}% read from the selection curve")
+              + protocol(b, s["steps"], s["lrs"]) + f"; optimizer {optimizers(s)}; steps to {100 * LEVEL:g}% read "
+              f"from the selection curve")
     state_figure(ctx, points, pairs, s["steps"], detail)
     for n in pairs:
         ctx.row("recall_state", f"narrowest width solving {n} pairs ({3 * n} tokens): >= {100 * LEVEL:g}% test "
@@ -215,9 +217,9 @@ def state_note(points, n, s, batch):
         widths = at(points, name, n)
         accuracy = ", ".join(f"{w}: {spread(p.test)}" for w, p in widths)
         lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + edge_note(p.tuned, " (at the edge)")
-                        + chosen(p.tuned) for w, p in widths)
+                        for w, p in widths)
         improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
-        parts.append(f"{name} test % by width {accuracy}; lr {lrs}; {improving} of "
+        parts.append(f"{name} ({s['optimizer'][name]}) test % by width {accuracy}; lr {lrs}; {improving} of "
                      f"{sum(len(p.tuned.runs) for _, p in widths)} chosen-lr runs still improving at the cap")
     lstm, gpt = at(points, "lstm", n)[-1][1].bytes, at(points, "gpt", n)[0][1].bytes
     overlap = "reaches" if lstm >= gpt else "stays below"
@@ -226,23 +228,10 @@ def state_note(points, n, s, batch):
             f"; at most {s['steps']} steps of {batch}")
 
 
-def optimizer_text(optimizers):
-    """Which optimizer each model trains with, for the detail line."""
-    def one(name):
-        opts = optimizers[name]
-        return f"{name} {opts[0]}" if len(opts) == 1 else (f"{name} the better of {'/'.join(opts)} at each width "
-                                                           f"(each with its own lr grid, chosen on the selection set)")
-    return ("optimizer " + ", ".join(one(name) for name in ("gpt", "lstm"))
-            + " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere)")
-
-
-def chosen(tuned):
-    """' with adamw (grid-seed selection at each one's best lr: muon 25.9%, adamw 79.0%)' where several optimizers
-    competed, else ''."""
-    if len(tuned.tried) < 2:
-        return ""
-    scores = ", ".join(f"{opt} {100 * acc:.1f}%" for opt, acc in tuned.tried.items())
-    return f" with {tuned.optimizer} (grid-seed selection at each one's best lr: {scores})"
+def optimizers(s):
+    """Each model's optimizer in recall_state, for the detail line."""
+    return ", ".join(f"{name} {s['optimizer'][name]}" for name in ("gpt", "lstm")) + (
+        " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere; adamw: AdamW on all)")
 
 
 def state_verdict(points, pairs):
@@ -294,10 +283,8 @@ def state_figure(ctx, points, pairs, cap, detail):
             mean = [100 * sum(p.test) / len(p.test) for _, p in widths]
             bars = [[max(0, m - 100 * min(p.test)) for m, (_, p) in zip(mean, widths)],  # >= 0 despite rounding
                     [max(0, 100 * max(p.test) - m) for m, (_, p) in zip(mean, widths)]]
-            competed = any(len(p.tuned.tried) > 1 for _, p in widths)
-            chose = f" ({'/'.join(p.tuned.optimizer for _, p in widths)})" if competed else ""
             top.errorbar(x, mean, yerr=bars, fmt=style, color=color, capsize=2,
-                         label=f"{name}, widths {'/'.join(str(w) for w, _ in widths)}{chose}")
+                         label=f"{name}, widths {'/'.join(str(w) for w, _ in widths)}")
             for _, p in widths:
                 reached = [step for step in p.steps if step is not None]
                 bottom.plot([p.bytes] * len(reached), reached, style[0], color=color, alpha=0.6)

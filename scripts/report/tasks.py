@@ -171,40 +171,34 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
 class Tuned:
     """A model's grid: the lr chosen on the selection set, whether it still sits at an end of the grid after
     widening (the best may lie beyond it), the runs at that lr, one per seed, the seconds every run of the grid took
-    together, the lrs tried, whether the grid was flat (no lr told apart from another, so it was not widened), and
-    the optimizer chosen with each competing optimizer's score."""
+    together, the lrs tried, and whether the grid was flat (no lr told apart from another, so it was not widened)."""
     lr: float
     edge: bool
     runs: dict  # seed -> Run
     seconds: float
     lrs: list  # the grid as tried, widened past an end that won
     flat: bool = False
-    optimizer: str = "muon"  # the optimizer chosen
-    tried: dict = field(default_factory=dict)  # optimizer -> mean selection accuracy at its best lr, grid seeds
 
 
-def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1,
-         optimizers=("muon",), **train):
+def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1, **train):
     """Train cfg at every lr with the first grid_seeds seeds, choose one on the selection set, then train it with the
     remaining seeds; the test sets score every run and never choose. The choice: the lr that solves (reaches stop_at)
-    with the most seeds; among lrs that solve with all, the fastest; otherwise the best selection accuracy. With
-    several optimizers each gets its own grid and the best of their chosen points wins by the same rule (ties: the
-    first); the setting then names the optimizer. Every run goes to ctx.grid_point: its selection score, each test
-    score, the steps to 90% on every selection set (or "not reached") and whether it was still improving at the cap.
+    with the most seeds; among lrs that solve with all, the fastest; otherwise the best selection accuracy. Every run
+    goes to ctx.grid_point: its selection score, each test score, the steps to 90% on every selection set (or "not
+    reached") and whether it was still improving at the cap.
     train: train_synthetic's options."""
-    def fit(lr, seed, optimizer):
-        label = f"{setting}, {optimizer}" if len(optimizers) > 1 else setting
-        run = train_synthetic(cfg, make_batch, steps, lr, select, ctx.device, seed=seed, optimizer=optimizer,
-                              desc=f"{experiment} {name} {label} lr {lr:g} seed {seed}", **train)
+    def fit(lr, seed):
+        run = train_synthetic(cfg, make_batch, steps, lr, select, ctx.device, seed=seed,
+                              desc=f"{experiment} {name} {setting} lr {lr:g} seed {seed}", **train)
         run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
-        tqdm.write(f"{experiment} {name} {label} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
+        tqdm.write(f"{experiment} {name} {setting} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
                    f"selection {100 * run.select:.1f}%" + (", still improving at the cap" if run.improving else ""))
         measured = [("selection accuracy", round(run.select, 4)),
                     *((f"test accuracy {k}", round(v, 4)) for k, v in run.test.items()),
                     ("steps to 90% selection accuracy", steps_to(run) if steps_to(run) is not None else "not reached"),
                     ("still improving at the cap (1 = yes)", int(run.improving))]
         for metric, value in measured:
-            ctx.grid_point(experiment, name, label, lr, seed, run.steps, run.seconds, metric, value)
+            ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, value)
         return run
 
     def merit(runs):
@@ -218,17 +212,10 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
         best, worst = max(run.select for run in runs), min(run.select for run in runs)
         return not any(run.solved for run in runs) and best - worst < FLAT_SE * math.sqrt(best * (1 - best) / scored)
 
-    grids = {opt: seed_grid(lambda lr, seed, opt=opt: fit(lr, seed, opt), lrs, seeds[:grid_seeds], grid_seeds, merit,
-                            flat=flat) for opt in optimizers}  # opt -> (lr, lrs tried, grid, runs at lr)
-    optimizer = max(optimizers, key=lambda opt: merit(list(grids[opt][3].values())))
-    best, grid_lrs, grid, runs = grids[optimizer]
-    runs = runs | {seed: fit(best, seed, optimizer) for seed in seeds[grid_seeds:]}
-    seconds = (sum(run.seconds for _, _, g, _ in grids.values() for run in g.values())
-               + sum(runs[seed].seconds for seed in seeds[grid_seeds:]))
+    best, lrs, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit, flat=flat)
+    seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
     is_flat = flat(list(grid.values()))
-    means = {opt: sum(run.select for run in r.values()) / len(r) for opt, (_, _, _, r) in grids.items()}
-    return Tuned(best, not is_flat and len(grid_lrs) > 1 and best in (min(grid_lrs), max(grid_lrs)), runs, seconds,
-                 grid_lrs, is_flat, optimizer, means)
+    return Tuned(best, not is_flat and len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs, is_flat)
 
 
 def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3, flat=None):
