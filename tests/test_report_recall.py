@@ -288,8 +288,14 @@ def test_recall_state_end_to_end(tiny_budget, monkeypatch):
         optimizers.add((cfg.type, optimizer))
         return train(cfg, *args, optimizer=optimizer, **kwargs)
     monkeypatch.setattr(tasks, "train_synthetic", recorded)
+    figures, save = [], recall.save
+    monkeypatch.setattr(recall, "save", lambda ctx, fig, *args: figures.append(fig) or save(ctx, fig, *args))
     recall.exp_recall_state(ctx)
     assert optimizers == {("gpt", "muon"), ("lstm", "adamw")}  # each model trains with its budget's optimizer
+    (figure,) = figures  # every point's bytes labelled on the x axis, though they lie within a decade
+    labels = [t.get_text() for t in figure.axes[1].get_xticklabels()]
+    assert labels == [f"{b:,}" for b in sorted({state_bytes(recall.state_model(name, w, 4), 12)
+                                                 for name, w in (("gpt", 8), ("lstm", 16), ("lstm", 96))})]
     assert {p.name for p in ctx.out.glob("*.png")} == {"recall_state.png"}
     assert [r["measure"].split(" (")[0] for r in ctx.rows] == ["narrowest width solving 2 pairs",
                                                                 "narrowest width solving 4 pairs"]

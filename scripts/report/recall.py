@@ -293,9 +293,11 @@ def state_figure(ctx, points, pairs, cap, detail):
         top.axhline(100 / n, color="k", ls=":", lw=0.8, label="chance: 1 / pairs")
         top.axhline(100 * LEVEL, color="gray", ls="--", lw=0.6)
         bottom.axhline(cap, color="gray", ls="--", lw=0.6)
+        ticks = sorted({p.bytes for name in ("gpt", "lstm") for _, p in at(points, name, n)})
         for ax in (top, bottom):
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # less than a decade apart: minor labels would overlap
+            ax.set_xticks(ticks, [f"{b:,}" for b in ticks])  # every model's bytes, where a decade may show none
         top.set(title=f"{n} pairs ({3 * n} tokens)", ylim=(0, 102), xlabel="bytes of state (log)",
                 ylabel="test accuracy (%, bars min-max over seeds)" if col == 0 else None)
         bottom.set(ylim=(0, 1.15 * cap), xlabel="bytes of state (log)",
