@@ -228,7 +228,8 @@ def test_every_budget_follows_the_protocol():
         state = budget["state"]
         assert min(state["gpt"]) <= 16 and all(len(state["lrs"][name]) == 3 for name in ("gpt", "lstm"))
         assert tuple(state["lstm"])[0] == 4  # the smallest case first: an LSTM must solve it to tie failures to state
-        assert all(state["optimizer"][name] in ("muon", "adamw") for name in ("gpt", "lstm"))
+        assert set(budget["optimizer"]) == {"recall", "induction", "recall_state"}
+        assert all(o[name] in ("muon", "adamw") for o in budget["optimizer"].values() for name in ("gpt", "lstm"))
         for n in [n for n in state["lstm"] if n <= 16]:  # the LSTM's widest state meets the narrowest GPT's cache
             lstm = state_bytes(recall.state_model("lstm", max(state["lstm"][n]), n), 3 * n)
             assert lstm >= state_bytes(recall.state_model("gpt", min(state["gpt"]), n), 3 * n)
@@ -256,8 +257,8 @@ def tiny_budget(monkeypatch, tmp_path):
         batch=4, recall_steps=3, induction_steps=3, lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)},
         grid_seeds=1, selection=8, test=16,
         state=dict(steps=4, gpt=(8,), lstm={2: (16, 48), 4: (16, 96)},
-                   lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)},
-                   optimizer={"gpt": "muon", "lstm": "adamw"})))
+                   lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}),
+        optimizer=dict(recall=recall.MUON, induction=recall.LSTM_ADAMW, recall_state=recall.LSTM_ADAMW)))
     monkeypatch.setattr(recall, "TRAIN", dict(eval_every=2, stop_at=0.99))
     monkeypatch.setattr(recall, "N_KEYS", 8)
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
@@ -274,6 +275,7 @@ def test_recall_experiment_end_to_end(tiny_budget, monkeypatch):
     assert accuracy["measure"].startswith("MQAR accuracy % at 2 / 4 / 8 pairs")
     assert all(len(accuracy[name].split(" / ")) == 3 for name in ("gpt", "lstm"))
     assert "chance (1/pairs) 50.0 / 25.0 / 12.5" in accuracy["note"] and " of 0.001/0.01/0.03" in accuracy["note"]
+    assert "gpt (muon) lr " in accuracy["note"] and "lstm (muon) lr " in accuracy["note"]
     # the grid: 3 lrs with seed 0 (more where an end won), the chosen one again with seeds 1 and 2
     runs = {(p["model"], p["setting"], p["lr"], p["seed"]) for p in ctx.grid}
     assert len(runs) >= 2 * (3 + 2) and len(ctx.grid) == len(runs) * (1 + 3 + 1 + 1)  # selection, tests, 90%, flag
@@ -317,7 +319,7 @@ def test_recall_state_end_to_end(tiny_budget, monkeypatch):
 def test_recall_state_stops_at_the_first_pair_count_no_lstm_solves(tiny_budget, monkeypatch):
     monkeypatch.setitem(recall.BUDGET["quick"], "state", dict(
         steps=4, gpt=(8,), lstm={4: (16, 96), 8: (96, 192), 16: (192, 384)},
-        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}, optimizer={"gpt": "muon", "lstm": "muon"}))
+        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}))
     monkeypatch.setattr(recall, "N_KEYS", 16)
     scripted_state(monkeypatch, lambda kind, width, n: 1.0 if kind == "gpt" or n == 4 and width == 96 else 0.3)
     ctx = tiny_budget
@@ -357,7 +359,7 @@ CASES = {
 def test_recall_state_verdict_follows_the_numbers(tiny_budget, monkeypatch, case):
     monkeypatch.setitem(recall.BUDGET["quick"], "state", dict(
         steps=4, gpt=(8, 16), lstm={4: (16, 96), 16: (16, 96, 384)},
-        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}, optimizer={"gpt": "muon", "lstm": "muon"}))
+        lrs={"gpt": (1e-3, 1e-2, 3e-2), "lstm": (1e-3, 1e-2, 3e-2)}))
     monkeypatch.setattr(recall, "N_KEYS", 16)
     gpt_fails, lstm_solves = CASES[case]
 
@@ -391,7 +393,8 @@ def test_induction_experiment_end_to_end(tiny_budget):
     recall.exp_induction(ctx)
     assert {p.name for p in ctx.out.glob("*.png")} == {"induction.png"}
     accuracy, attention = ctx.rows
-    assert accuracy["experiment"] == attention["experiment"] == "induction" and "lr " in accuracy["note"]
+    assert accuracy["experiment"] == attention["experiment"] == "induction"
+    assert "gpt (muon) lr " in accuracy["note"] and "lstm (adamw) lr " in accuracy["note"]  # the budget's optimizers
     assert "chance uniform over the 32 tokens 3.1%" in accuracy["note"]
     assert attention["gpt"].count("%") == 2
     assert len({(p["model"], p["lr"], p["seed"]) for p in ctx.grid}) >= 2 * 5  # 3 lrs, the best again twice

@@ -28,6 +28,7 @@ SHOWN = (4, 16, 64)  # the pairs the results table reports
 N_KEYS = 64  # distinct keys (and values) per task: enough for 64 pairs
 SEEDS = (0, 1, 2)  # the chosen lr runs with every seed; the spread over them (min-max) is reported
 LEVEL = 0.9  # recall_state: a width "solves" a pair count when every seed reaches this test accuracy
+MUON, LSTM_ADAMW = {"gpt": "muon", "lstm": "muon"}, {"gpt": "muon", "lstm": "adamw"}  # model -> optimizer
 # Sized as steps x the measured time of one step (docs/report.md has the wall times): a 2-layer LSTM step grows
 # ~ width^2 x tokens, a small GPT's is nearly flat. The estimate lets every LSTM run go to the cap.
 BUDGET = {  # what the experiments may spend; both models always get the same cap, batch, schedule and lr grid
@@ -39,23 +40,25 @@ BUDGET = {  # what the experiments may spend; both models always get the same ca
         grid_seeds=1,  # seeds per grid point; the chosen lr then runs the rest of SEEDS
         selection=96,  # sequences per selection set (recall: per number of pairs), scored every eval_every steps
         test=256,  # sequences per test set (recall: per number of pairs), scored once per run
+        # each model's optimizer per experiment, the better one where both were measured (docs/log.md); muon: Muon on
+        # the hidden matrices, AdamW at lr elsewhere. At 600 steps Muon leads for the LSTM too, or neither leaves chance
+        optimizer=dict(recall=MUON, induction=MUON, recall_state=MUON),
         # recall_state: pairs -> LSTM widths. h and c hold 16 B per unit, a width-d GPT's KV cache 16 x d B per token,
         # so the LSTM meets the width-8 GPT at 24 x pairs units and the width-16 one at 48 x pairs
-        # (4 pairs only: no LSTM solved 4 at this cap, so 8 told nothing more; 192 holds the solving GPT-16's cache).
-        # Muon for both: at 600 steps width 48 is at chance under either, and with AdamW 192 leaves it at ~2,200
+        # (4 pairs only: no LSTM solved 4 at this cap, so 8 told nothing more; 192 holds the solving GPT-16's cache)
         state=dict(steps=600, gpt=(8, 16), lstm={4: (48, 192)},
-                   lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
-                   optimizer={"gpt": "muon", "lstm": "muon"}),
+                   lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)}),
     ),
     "full": dict(batch=32, recall_steps=1000, induction_steps=2000, lrs={"gpt": (3e-3, 1e-2, 3e-2),
                  "lstm": (3e-3, 1e-2, 3e-2)}, grid_seeds=1, selection=192, test=512,
+                 # with more steps AdamW leads for the LSTM on induction and recall_state; on mixed recall AdamW
+                 # leaves it below chance at 1,000 steps, Muon at chance
+                 optimizer=dict(recall=MUON, induction=LSTM_ADAMW, recall_state=LSTM_ADAMW),
                  # a 5,000-step cap; at 4 pairs the LSTM's widths hold the width-8 and width-16 GPTs' caches, at 8
                  # and 16 its widest meets the width-8 one. 8 and 16 pairs train only once an LSTM solves the count
-                 # before (a width-384 step costs ~30x a width-48 one). Each model's better optimizer on recall
-                 # (docs/log.md): the LSTM learns it with AdamW, not with Muon
+                 # before (a width-384 step costs ~30x a width-48 one)
                  state=dict(steps=5000, gpt=(8, 16), lstm={4: (96, 192), 8: (96, 192), 16: (192, 384)},
-                            lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)},
-                            optimizer={"gpt": "muon", "lstm": "adamw"})),
+                            lrs={"gpt": (3e-3, 1e-2, 3e-2), "lstm": (3e-3, 1e-2, 3e-2)})),
 }
 TRAIN = dict(eval_every=50, stop_at=0.99)  # train_synthetic's only early stop: solved, stated in every figure
 
@@ -79,10 +82,11 @@ def lrs_text(lrs):
     return "/".join(f"{lr:g}" for lr in lrs)
 
 
-def protocol(b, steps, lrs):
+def protocol(b, steps, lrs, optimizer):
     """The training and selection protocol in one sentence, for the figures' detail lines."""
     grid = ", ".join(f"{name} {lrs_text(lrs[name])}" for name in ("gpt", "lstm"))
-    return (f"both models: batch {b['batch']}, the same cap of {steps} steps (warmup + cosine to the cap), scored "
+    return (f"optimizer {optimizers(optimizer)}; "
+            f"both models: batch {b['batch']}, the same cap of {steps} steps (warmup + cosine to the cap), scored "
             f"every {TRAIN['eval_every']}; a run stops before the cap only once it solves the task "
             f"({100 * TRAIN['stop_at']:g}% on every selection set); lr grid {grid} with seed "
             f"{', '.join(map(str, SEEDS[:b['grid_seeds']]))}, widened up to 3 steps past a winning end unless flat "
@@ -90,9 +94,9 @@ def protocol(b, steps, lrs):
             f"with seeds {', '.join(map(str, SEEDS))}; test-set accuracy, min-max over seeds")
 
 
-def lr_note(name, tuned):
+def lr_note(name, tuned, optimizer):
     """The chosen lr, the grid actually tried, and whether the choice still sits at its edge."""
-    return f"{name} lr {tuned.lr:g} of {lrs_text(tuned.lrs)}" + edge_note(tuned, " (at the grid's edge)")
+    return f"{name} ({optimizer}) lr {tuned.lr:g} of {lrs_text(tuned.lrs)}" + edge_note(tuned, " (at the grid's edge)")
 
 
 def edge_note(tuned, at_edge):
@@ -105,9 +109,9 @@ def improving_note(name, tuned):
     return f"{name}: {n} of {len(tuned.runs)} seeds still improving at the cap" if n else ""
 
 
-def grid_note(tuned):
-    """The chosen lrs in the grids tried, and any seed the cap stopped while it was still improving."""
-    notes = [lr_note(name, tuned[name]) for name in ("gpt", "lstm")]
+def grid_note(tuned, optimizer):
+    """Each model's optimizer and chosen lr in the grid tried, and any seed the cap stopped while still improving."""
+    notes = [lr_note(name, tuned[name], optimizer[name]) for name in ("gpt", "lstm")]
     notes += [improving_note(name, tuned[name]) for name in ("gpt", "lstm")]
     return "; ".join(note for note in notes if note)
 
@@ -121,21 +125,24 @@ def exp_recall(ctx):
     test = {n: recall_batch(b["test"], n, N_KEYS, generator=seeded(200 + n)) for n in PAIRS}
     def make(it, g):
         return mixed_recall_batch(b["batch"], min(PAIRS), max(PAIRS), N_KEYS, generator=g)
+    opt = b["optimizer"]["recall"]
     tuned = {name: tune(ctx, "recall", name, cfg, make, b["lrs"][name], SEEDS, b["recall_steps"], select, test,
-                        f"width {cfg.n_embd}", b["grid_seeds"], **TRAIN) for name, cfg in configs.items()}
+                        f"width {cfg.n_embd}", b["grid_seeds"], optimizer=opt[name], **TRAIN)
+             for name, cfg in configs.items()}
     def scores(t, n):
         return [run.test[n] for run in t.runs.values()]
     n_params = {name: tuned[name].runs[0].model.num_params() for name in configs}
     detail = (f"2-layer GPT (width {configs['gpt'].n_embd}, {n_params['gpt']:,} params) vs 2-layer LSTM "
               f"(width {configs['lstm'].n_embd}, {n_params['lstm']:,}); {N_KEYS} keys, each batch {min(PAIRS)}-"
-              f"{max(PAIRS)} pairs (log-uniform); " + protocol(b, b["recall_steps"], b["lrs"]))
+              f"{max(PAIRS)} pairs (log-uniform); " + protocol(b, b["recall_steps"], b["lrs"], opt))
     recall_figure(ctx, tuned, scores, detail)
     attention_figure(ctx, tuned["gpt"].runs[0].model, *recall_batch(1, 8, N_KEYS, generator=seeded(7)), 8)
     ctx.row("recall", f"MQAR accuracy % at {' / '.join(map(str, SHOWN))} pairs (test; min-max over {len(SEEDS)} seeds)",
             *(" / ".join(spread(scores(tuned[name], n)) for n in SHOWN) for name in configs),
             f"equal size ({n_params['gpt']:,} vs {n_params['lstm']:,} params); chance (1/pairs) "
-            f"{' / '.join(f'{100 / n:.1f}' for n in SHOWN)}; {grid_note(tuned)}; at most {b['recall_steps']} steps of "
-            f"{b['batch']}; {tuned['gpt'].seconds:.0f} s / {tuned['lstm'].seconds:.0f} s of training, every run")
+            f"{' / '.join(f'{100 / n:.1f}' for n in SHOWN)}; {grid_note(tuned, opt)}; at most {b['recall_steps']} "
+            f"steps of {b['batch']}; {tuned['gpt'].seconds:.0f} s / {tuned['lstm'].seconds:.0f} s of training, "
+            f"every run")
 
 
 def state_model(name, width, n_pairs):
@@ -165,6 +172,7 @@ def exp_recall_state(ctx):
     """Recall at a fixed number of pairs against the bytes of state: a GPT's KV cache grows with the 3 x pairs tokens
     it reads, an LSTM's h and c only with its width, so an LSTM should need a wider state for more pairs."""
     b, s = BUDGET[ctx.preset], BUDGET[ctx.preset]["state"]
+    opt = b["optimizer"]["recall_state"]
     points, pairs = {}, []  # (name, n_pairs, width) -> Point; the pair counts trained
     for n in s["lstm"]:
         if pairs and not any(p.solves for _, p in at(points, "lstm", pairs[-1])):
@@ -178,18 +186,17 @@ def exp_recall_state(ctx):
             for width in widths:
                 cfg = state_model(name, width, n)
                 tuned = tune(ctx, "recall_state", name, cfg, make, s["lrs"][name], SEEDS, s["steps"], select, test,
-                             f"{n} pairs, width {width}", b["grid_seeds"], optimizer=s["optimizer"][name], **TRAIN)
+                             f"{n} pairs, width {width}", b["grid_seeds"], optimizer=opt[name], **TRAIN)
                 points[name, n, width] = Point(state_bytes(cfg, 3 * n), [run.test[n] for run in tuned.runs.values()],
                                                [steps_to(run, LEVEL) for run in tuned.runs.values()], tuned)
     detail = (f"2-layer GPT (1 head) and 2-layer LSTM at each width, trained and tested on a fixed number of pairs "
               f"({N_KEYS} keys, 3 x pairs tokens); GPT state: its KV cache after those tokens, LSTM: h and c; "
-              + protocol(b, s["steps"], s["lrs"]) + f"; optimizer {optimizers(s)}; steps to {100 * LEVEL:g}% read "
-              f"from the selection curve")
+              + protocol(b, s["steps"], s["lrs"], opt) + f"; steps to {100 * LEVEL:g}% read from the selection curve")
     state_figure(ctx, points, pairs, s["steps"], detail)
     for n in pairs:
         ctx.row("recall_state", f"narrowest width solving {n} pairs ({3 * n} tokens): >= {100 * LEVEL:g}% test "
                 f"accuracy on every seed (bytes of state)", *(narrowest(points, name, n) for name in ("gpt", "lstm")),
-                state_note(points, n, s, b["batch"]))
+                state_note(points, n, s, b["batch"], opt))
     skipped = [n for n in s["lstm"] if n not in pairs]
     if skipped:
         ctx.row("recall_state", f"{'/'.join(map(str, skipped))} pairs", "not trained", "not trained",
@@ -210,7 +217,7 @@ def narrowest(points, name, n):
     return f"none of {'/'.join(str(w) for w, _ in widths)} (up to {widths[-1][1].bytes:,} B)"
 
 
-def state_note(points, n, s, batch):
+def state_note(points, n, s, batch, optimizer):
     """Each width's accuracy, the lrs chosen in the grids tried, and the runs still improving at the cap."""
     parts = []
     for name in ("gpt", "lstm"):
@@ -219,7 +226,7 @@ def state_note(points, n, s, batch):
         lrs = ", ".join(f"{w}: {p.tuned.lr:g} of {lrs_text(p.tuned.lrs)}" + edge_note(p.tuned, " (at the edge)")
                         for w, p in widths)
         improving = sum(run.improving for _, p in widths for run in p.tuned.runs.values())
-        parts.append(f"{name} ({s['optimizer'][name]}) test % by width {accuracy}; lr {lrs}; {improving} of "
+        parts.append(f"{name} ({optimizer[name]}) test % by width {accuracy}; lr {lrs}; {improving} of "
                      f"{sum(len(p.tuned.runs) for _, p in widths)} chosen-lr runs still improving at the cap")
     lstm, gpt = at(points, "lstm", n)[-1][1].bytes, at(points, "gpt", n)[0][1].bytes
     overlap = "reaches" if lstm >= gpt else "stays below"
@@ -228,9 +235,9 @@ def state_note(points, n, s, batch):
             f"; at most {s['steps']} steps of {batch}")
 
 
-def optimizers(s):
-    """Each model's optimizer in recall_state, for the detail line."""
-    return ", ".join(f"{name} {s['optimizer'][name]}" for name in ("gpt", "lstm")) + (
+def optimizers(optimizer):
+    """Each model's optimizer, for the detail lines."""
+    return ", ".join(f"{name} {optimizer[name]}" for name in ("gpt", "lstm")) + (
         " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere; adamw: AdamW on all)")
 
 
@@ -365,8 +372,10 @@ def exp_induction(ctx):
               "uniform over the segment's tokens not yet seen in the second copy": unseen_chance(test_lengths.tolist())}
     def make(it, g):
         return induction_batch(b["batch"], generator=g)[:2]
+    opt = b["optimizer"]["induction"]
     tuned = {name: tune(ctx, "induction", name, cfg, make, b["lrs"][name], SEEDS, b["induction_steps"], select, test,
-                        f"width {cfg.n_embd}", b["grid_seeds"], **TRAIN) for name, cfg in configs.items()}
+                        f"width {cfg.n_embd}", b["grid_seeds"], optimizer=opt[name], **TRAIN)
+             for name, cfg in configs.items()}
     x, _, lengths = induction_batch(256, generator=seeded(500))
     maps = tuned["gpt"].runs[0].model.attention_maps(x.to(ctx.device))
     rows = []  # per sequence: second-copy positions t, the positions before them, and after the earlier copy
@@ -395,15 +404,16 @@ def exp_induction(ctx):
     steps = {name: " / ".join(str(run.steps) for run in tuned[name].runs.values()) for name in configs}
     save(ctx, fig, "induction.png", f"2-layer GPT ({n_params['gpt']:,} params) vs 2-layer LSTM "
          f"({n_params['lstm']:,}); segments of 8-32 distinct tokens out of 32; "
-         f"{protocol(b, b['induction_steps'], b['lrs'])}; "
+         f"{protocol(b, b['induction_steps'], b['lrs'], opt)}; "
          f"steps per seed GPT {steps['gpt']}, LSTM {steps['lstm']}; maps: seed 0, one sequence with a "
          f"{int(lengths[example])}-token segment")
     accuracy = {name: [run.test["second copy"] for run in tuned[name].runs.values()] for name in configs}
     ctx.row("induction", f"accuracy % on the repeated half (test; min-max over {len(SEEDS)} seeds)",
             *(spread(accuracy[name], 1) for name in configs),
             "chance " + ", ".join(f"{label} {100 * level:.1f}%" for label, level in chance.items()) +
-            f"; {grid_note(tuned)}; steps per seed {steps['gpt']} / {steps['lstm']} of at most {b['induction_steps']} "
-            f"(batch {b['batch']}); {tuned['gpt'].seconds:.0f} s / {tuned['lstm'].seconds:.0f} s of training")
+            f"; {grid_note(tuned, opt)}; steps per seed {steps['gpt']} / {steps['lstm']} of at most "
+            f"{b['induction_steps']} (batch {b['batch']}); {tuned['gpt'].seconds:.0f} s / "
+            f"{tuned['lstm'].seconds:.0f} s of training")
     ctx.row("induction", "GPT attention: layer 1 on the previous token / layer 2 on the induction target",
             f"{100 * prev:.0f}% / {100 * induct:.0f}%", "", "seed 0, averaged over the second copy of 256 sequences")
     ctx.verdict("induction", "c", *induction_verdict(accuracy, chance))
