@@ -147,7 +147,7 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
     # stays at chance for 600 steps of recall (docs/log.md); optimizer="adamw" puts every parameter on AdamW at lr
     train_cfg = TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=lr / 10, max_iters=steps,
                             warmup_iters=min(50, steps // 10))
-    optimizer = make_optimizer(model, train_cfg, device)
+    optim = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
     evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
     curve, losses, start = [], [], time.time()
@@ -159,9 +159,9 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
             solved = min(curve[-1][1].values()) >= stop_at
             if it == steps or solved:
                 break
-        set_lr(optimizer, get_lr(it, train_cfg))
+        set_lr(optim, get_lr(it, train_cfg))
         x, y = make_batch(it, generator)
-        train_step(model, optimizer, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
+        train_step(model, optim, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
     select = sum(curve[-1][1].values()) / len(evals)
     improving = not solved and still_improving(losses, steps)
     return Run(model.eval(), curve, it, time.time() - start, select, solved, improving)
