@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab import optim
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from model import KVCache
@@ -159,6 +160,15 @@ def test_a_run_that_solves_stops_there(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.995, 1.0), (0.98, 1.0)] * 3 + [(0.995, 0.5)] * 2)
     run = train_synthetic(TINY, tiny_batch, 100, 1e-3, two, torch.device("cpu"), eval_every=5)
     assert run.steps == 15 and run.solved
+
+
+def test_muon_iterates_in_fp32_on_every_cpu(monkeypatch):
+    # a CPU with native bf16 would otherwise give the same seeds other results than one without
+    monkeypatch.setattr(optim, "native_bf16", lambda device: True)
+    made, make = [], tasks.make_optimizer
+    monkeypatch.setattr(tasks, "make_optimizer", lambda *args: made.append(make(*args)) or made[-1])
+    train_synthetic(TINY, tiny_batch, 2, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    assert made[0].optimizers[1].ns_dtype == torch.float32
 
 
 def test_the_grid_records_every_run_and_chooses_on_the_selection_set(monkeypatch):

@@ -145,8 +145,9 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
     model = build_model(model_cfg).to(device)
     # by default Muon (at its default muon_lr) on the hidden matrices, lr for the rest: with AdamW alone the GPT too
     # stays at chance for 600 steps of recall (docs/log.md); optimizer="adamw" puts every parameter on AdamW at lr
+    # fp32 (the loop never autocasts), so Muon's iterations are fp32 on every CPU, not bf16 where it is native
     train_cfg = TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=lr / 10, max_iters=steps,
-                            warmup_iters=min(50, steps // 10))
+                            warmup_iters=min(50, steps // 10), dtype="float32")
     optim = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
     evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
