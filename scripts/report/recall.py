@@ -295,7 +295,8 @@ def state_figure(ctx, points, pairs, cap, detail):
                 reached = [step for step in p.steps if step is not None]
                 bottom.plot([p.bytes] * len(reached), reached, style[0], color=color, alpha=0.6)
                 missed = len(p.steps) - len(reached)
-                bottom.plot([p.bytes] * missed, [1.08 * cap] * missed, "x", color=color)
+                # each model's x at its own height, so that one model's miss cannot hide the other's at equal bytes
+                bottom.plot([p.bytes] * missed, [{"gpt": 1.04, "lstm": 1.1}[name] * cap] * missed, "x", color=color)
         top.axhline(100 / n, color="k", ls=":", lw=0.8, label="chance: 1 / pairs")
         top.axhline(100 * LEVEL, color="gray", ls="--", lw=0.6)
         bottom.axhline(cap, color="gray", ls="--", lw=0.6)
