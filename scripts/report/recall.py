@@ -81,6 +81,12 @@ def lrs_text(lrs):
     return "/".join(f"{lr:g}" for lr in lrs)
 
 
+def optimizers(optimizer):
+    """Each model's optimizer, for the detail lines."""
+    return ", ".join(f"{name} {optimizer[name]}" for name in ("gpt", "lstm")) + (
+        " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere; adamw: AdamW on all)")
+
+
 def protocol(b, steps, lrs, optimizer):
     """The training and selection protocol in one sentence, for the figures' detail lines."""
     grid = ", ".join(f"{name} {lrs_text(lrs[name])}" for name in ("gpt", "lstm"))
@@ -232,12 +238,6 @@ def state_note(points, n, s, batch, optimizer):
     return (f"min-max over {len(SEEDS)} seeds; chance (1/pairs) {100 / n:.1f}%; the widest LSTM's state ({lstm:,} B) "
             f"{overlap} the narrowest GPT's KV cache ({gpt:,} B); " + "; ".join(parts) +
             f"; at most {s['steps']} steps of {batch}")
-
-
-def optimizers(optimizer):
-    """Each model's optimizer, for the detail lines."""
-    return ", ".join(f"{name} {optimizer[name]}" for name in ("gpt", "lstm")) + (
-        " (muon: Muon on the hidden matrices at its default muon_lr, AdamW at lr elsewhere; adamw: AdamW on all)")
 
 
 def state_verdict(points, pairs):
