@@ -13,13 +13,13 @@ from scripts.report import Context, lm, sizes
 from train import train
 
 TINY = dict(gpt=[(1, 2, 16), (1, 2, 32)], block_size=16, batch_size=4, steps=8, lrs=dict(gpt=[1e-2], lstm=[3e-2]),
-            seeds=2, evals=2, eval_iters=1, select_windows=8, test_windows=8)
+            retune=(0.5, 1, 2), seeds=2, evals=2, eval_iters=1, select_windows=8, test_windows=8)
 
 
 @pytest.fixture
-def tiny_report(tmp_path, monkeypatch):
+def tiny_report(tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(sizes.BUDGET, "quick", TINY)
+    monkeypatch.setitem(sizes.BUDGET, "quick", TINY | dict(retune=getattr(request, "param", TINY["retune"])))
     monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
@@ -27,8 +27,9 @@ def tiny_report(tmp_path, monkeypatch):
     return ctx
 
 
+@pytest.mark.parametrize("tiny_report", [(0.5, 1, 2), (1,)], indirect=True)
 def test_sizes_end_to_end(tiny_report):
-    ctx = tiny_report
+    ctx, retune = tiny_report, sizes.BUDGET["quick"]["retune"]
     sizes.exp_sizes(ctx)
     assert (ctx.out / "sizes.png").exists()
     rows = {r["measure"]: r for r in ctx.rows}
@@ -37,14 +38,25 @@ def test_sizes_end_to_end(tiny_report):
         losses = [float(v) for v in by_size[side].split(" / ")]
         vocab = len(set("".join(WORDS)) | {" "})
         assert len(losses) == 2 and all(0 < v < math.log(vocab) for v in losses)  # better than uniform over chars
-    assert "scaled as 1/width" in by_size["note"] and "bigram" in by_size["note"] and "trigram" in by_size["note"]
+    assert "muP's prediction" in by_size["note"] and "bigram" in by_size["note"] and "trigram" in by_size["note"]
     gap = rows["gap, LSTM - GPT test loss, smallest / largest size"]
     [verdict] = ctx.verdicts
     assert verdict["experiment"] == "sizes" and verdict["reason"] == "b" and verdict["status"] in gap["note"]
-    # every run in the grid: 2 models x (the grid's lr at seed 0, seed 1 at it, the larger size), two metrics each
-    assert len(ctx.grid) == 2 * 3 * 2 and {p["steps"] for p in ctx.grid} == {TINY["steps"]}
-    gpt = {int(p["setting"].split("=")[1]): p["lr"] for p in ctx.grid if p["model"] == "gpt"}
-    assert gpt[max(gpt)] == pytest.approx(gpt[min(gpt)] * 16 / 32)  # 1/width from the smallest size's lr
+    assert {p["steps"] for p in ctx.grid} == {TINY["steps"]}
+    _, ladder = sizes.models(ctx, sizes.BUDGET["quick"])
+    for name in ("gpt", "lstm"):
+        points = [p for p in ctx.grid if p["model"] == name and p["metric"] == "selection loss"]
+        small, large = sorted({p["setting"] for p in points}, key=lambda s: int(s.split("=")[1]))
+        # the smallest size: its one-lr grid at seed 0, then seed 1 at it
+        assert [(p["lr"], p["seed"]) for p in points if p["setting"] == small] == [(TINY["lrs"][name][0], 0),
+                                                                                   (TINY["lrs"][name][0], 1)]
+        # the larger size: a grid around muP's 1/width prediction (widened while its best is at an end), seed 0 only
+        tried = {p["lr"]: p["value"] for p in points if p["setting"] == large}
+        predicted = TINY["lrs"][name][0] * ladder[name][0]["width"] / ladder[name][1]["width"]
+        assert all(any(lr == pytest.approx(predicted * f, rel=1e-2) for lr in tried) for f in retune)
+        assert len(tried) == 1 if retune == (1,) else 3 <= len(tried) <= 6  # at most 3 widenings
+        best = min(tried, key=tried.get)
+        assert f"{best:g} of [{', '.join(f'{lr:g}' for lr in sorted(tried))}]" in by_size["note"]
 
 
 def test_train_flops_by_hand():

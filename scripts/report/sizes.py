@@ -2,9 +2,11 @@
 by `python train.py` on the lm experiment's corpus for the same tokens, scored on the val split's second half. Does
 the LSTM fall behind as the models grow, as Kaplan et al. 2020 (figure 7) found?
 
-Protocol: the lr of each model is chosen on the val split's first half at the smallest size (the report's seed_grid,
-which widens past a winning end) and scaled as 1/width for the larger ones, muP-style (Yang et al. 2022), not
-re-tuned there; one seed per size, plus the chosen lr's seeds 1 and 2 at the smallest size for the seed spread.
+Protocol: the lr of each model is chosen on the val split's first half (the report's seed_grid, which widens past a
+winning end) at the smallest size from the budget's grid, and at each larger one from a grid around muP's prediction
+(Yang et al. 2022), the smaller size's choice x its width / this width: x1/2, x1, x2 in the full preset, since the
+best lr moves with width differently for each model (docs/log.md); the quick preset takes the prediction as it is.
+One seed per size, plus the chosen lr's seeds 1 and 2 at the smallest size for the seed spread.
 Training FLOPs count 6 x the matmul weights (the non-embedding parameters plus the output head, whose matmul runs)
 per token, plus, for the GPT, 6 x n_layer x T x n_embd per token for QK^T and AV over the causal half of the keys.
     python -m scripts.report --only sizes
@@ -23,18 +25,19 @@ from scripts.report.tasks import rnn_width, seed_grid
 
 # gpt: (n_layer, n_head, n_embd) per size, smallest first (the LSTM at each is configs/model/lstm.yaml at the width of
 # the same parameter count); block_size, batch_size, steps: the same for every run, so every run sees the same tokens;
-# lrs: each model's AdamW grid at the smallest size (centred on the lm experiment's choices); seeds: those the chosen
-# lr is trained with at the smallest size; evals, eval_iters: train.py's val estimates per run and batches per
-# estimate; select_windows, test_windows: windows scored on each val half (None: all).
-# Sized by steps x one measured step (2,048 tokens) plus train.py's start-up, for 12 runs (quick, 2 sizes) and 14-16
-# (full, 3 sizes at 1.02M tokens a run, the largest pair most of it); docs/report.md has the wall times.
+# lrs: each model's AdamW grid at the smallest size (centred on the lm experiment's choices); retune: each larger
+# size's grid as factors of muP's prediction; seeds: those the chosen lr is trained with at the smallest size; evals,
+# eval_iters: train.py's val estimates per run and batches per estimate; select_windows, test_windows: windows scored
+# on each val half (None: all).
+# Sized by steps x one measured step (2,048 tokens) plus train.py's start-up, for 12 runs (quick, 2 sizes) and 22-26
+# (full, 3 sizes at 1.02M tokens a run, the largest pair's grid most of it); docs/report.md has the wall times.
 BUDGET = {
     "quick": dict(gpt=[(2, 2, 48), (2, 4, 144)], block_size=256, batch_size=8, steps=200,
-                  lrs=dict(gpt=[6e-3, 1.2e-2, 2.4e-2], lstm=[1e-2, 2e-2, 4e-2]), seeds=3, evals=4, eval_iters=2,
-                  select_windows=128, test_windows=256),
+                  lrs=dict(gpt=[6e-3, 1.2e-2, 2.4e-2], lstm=[1e-2, 2e-2, 4e-2]), retune=(1,), seeds=3, evals=4,
+                  eval_iters=2, select_windows=128, test_windows=256),
     "full": dict(gpt=[(2, 2, 64), (3, 4, 128), (4, 4, 192)], block_size=256, batch_size=8, steps=500,
-                 lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), seeds=3, evals=4, eval_iters=2,
-                 select_windows=256, test_windows=None),
+                 lrs=dict(gpt=[3e-3, 6e-3, 1.2e-2], lstm=[5e-3, 1e-2, 2e-2]), retune=(0.5, 1, 2), seeds=3, evals=4,
+                 eval_iters=2, select_windows=256, test_windows=None),
 }
 
 
@@ -45,15 +48,18 @@ def exp_sizes(ctx):
     data_dir, ladder = models(ctx, budget)
     runs = {}
     for name in ("gpt", "lstm"):
-        small = ladder[name][0]
-        best, lrs, _, seeds = seed_grid(lambda lr, seed: fit(ctx, budget, data_dir, small, lr, seed),
-                                        budget["lrs"][name], list(range(budget["seeds"])), 1,
-                                        lambda rs: -np.mean([r["select"] for r in rs]))
-        # muP-style: Adam's per-weight step shrinks with the width, so the hidden matrices' updates keep their scale
-        larger = [fit(ctx, budget, data_dir, m, float(f"{best * small['width'] / m['width']:.3g}"), 0)
-                  for m in ladder[name][1:]]
-        runs[name] = dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs)),
-                          seeds=list(seeds.values()), by_size=[seeds[0], *larger])
+        runs[name] = dict(tuned=[], by_size=[])
+        grid = budget["lrs"][name]
+        for i, size in enumerate(ladder[name]):
+            seeds = list(range(budget["seeds"])) if i == 0 else [0]  # the seed spread is measured at the smallest
+            best, lrs, _, chosen = seed_grid(lambda lr, seed: fit(ctx, budget, data_dir, size, lr, seed), grid, seeds,
+                                             1, lambda rs: -np.mean([r["select"] for r in rs]))
+            runs[name]["tuned"].append(dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs))))
+            runs[name]["by_size"].append(chosen[0])
+            runs[name].setdefault("seeds", list(chosen.values()))
+            if i + 1 < len(ladder[name]):  # muP-style: Adam's per-weight step shrinks with the width
+                predicted = best * size["width"] / ladder[name][i + 1]["width"]
+                grid = [float(f"{predicted * f:.3g}") for f in budget["retune"]]
     references = lm.ngram_baselines(data_dir, load_meta(data_dir)["vocab_size"])  # {n: (k, test loss)}
     sizes_rows(ctx, budget, ladder, runs, references)
     sizes_figure(ctx, budget, ladder, runs, references)
@@ -102,6 +108,15 @@ def fit(ctx, budget, data_dir, model, lr, seed):
     return lm.fit(ctx, shared, "sizes", model["name"], f"params={model['params']}", [], lr, seed, budget=budget)
 
 
+def retuned(budget):
+    """How a larger size's lr was found, in words."""
+    muP = "muP's prediction (the smaller size's lr x its width / this width)"
+    if tuple(budget["retune"]) == (1,):
+        return f"each larger size at {muP}, not re-tuned"
+    factors = ", ".join(f"x{f:g}" for f in budget["retune"])
+    return f"each larger size's from {factors} {muP}, widened while its best is at an end"
+
+
 def seed_range(runs):
     """Min-max of the runs' test losses: (low, high)."""
     tests = [r["test"] for r in runs]
@@ -129,18 +144,14 @@ def sizes_rows(ctx, budget, ladder, runs, references):
             f"corpus {lm.corpus_name(ctx)}; context {T}; {steps} steps x {batch} sequences = {tokens / 1e6:.2f}M "
             f"tokens for every run; train.py, AdamW, fp32, warmup + cosine to lr/10; each LSTM the width of its "
             f"GPT's parameter count")
-    def lrs(name):
-        return " / ".join(f"{r['lr']:g}" for r in runs[name]["by_size"])
-    def grid(name):
-        r = runs[name]
-        return (f"{name} {r['lr']:g} of [{', '.join(f'{lr:g}' for lr in r['lrs'])}]"
-                + (" (an end of the grid)" if r["edge"] else ""))
+    def grids(name):
+        return " / ".join(f"{t['lr']:g} of [{', '.join(f'{lr:g}' for lr in t['lrs'])}]"
+                          + (" (an end of the grid)" if t["edge"] else "") for t in runs[name]["tuned"])
     ctx.row("sizes", "test loss by size, final weights, seed 0",
             " / ".join(f"{r['test']:.3f}" for r in runs["gpt"]["by_size"]),
             " / ".join(f"{r['test']:.3f}" for r in runs["lstm"]["by_size"]),
-            f"lr {lrs('gpt')} (gpt) and {lrs('lstm')} (lstm): chosen at the smallest size on the val split's 1st half "
-            f"({grid('gpt')}; {grid('lstm')}), then scaled as 1/width (muP-style, not re-tuned); the test loss on "
-            f"the 2nd half; {lm.ngram_note(references)}")
+            f"lr chosen on the val split's 1st half, by size: gpt {grids('gpt')}; lstm {grids('lstm')}; "
+            f"{retuned(budget)}; the test loss on the 2nd half; {lm.ngram_note(references)}")
     ranges = {name: seed_range(runs[name]["seeds"]) for name in ("gpt", "lstm")}
     spread = sum(high - low for low, high in ranges.values())
     ctx.row("sizes", f"test loss at the smallest size, seeds {', '.join(str(r['seed']) for r in runs['gpt']['seeds'])}",
@@ -180,5 +191,5 @@ def sizes_figure(ctx, budget, ladder, runs, references):
     T, steps, batch = budget["block_size"], budget["steps"], budget["batch_size"]
     ctx.save(fig, "sizes.png", f"corpus {lm.corpus_name(ctx)}; GPT " + ", ".join(m["desc"].split()[0] for m in
              ladder["gpt"]) + " vs LSTM of equal params (" + ", ".join(m["desc"].split()[0] for m in ladder["lstm"])
-             + f");\ncontext {T}, {steps} steps x {batch} sequences each, AdamW fp32; lr chosen at the smallest size "
-             "and scaled as 1/width; seed 0 per size")
+             + f");\ncontext {T}, {steps} steps x {batch} sequences each, AdamW fp32, seed 0 per size; lr chosen at "
+             f"the smallest size,\n{retuned(budget)}")
