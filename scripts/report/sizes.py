@@ -29,7 +29,7 @@ from scripts.report.tasks import rnn_width, seed_grid
 # size's grid as factors of muP's prediction; seeds: those the chosen lr is trained with at the smallest size; evals,
 # eval_iters: train.py's val estimates per run and batches per estimate; select_windows, test_windows: windows scored
 # on each val half (None: all).
-# Sized by steps x one measured step (2,048 tokens) plus train.py's start-up, for 12 runs (quick, 2 sizes) and 22-26
+# Sized by steps x one measured step (2,048 tokens) plus train.py's start-up, for 12 runs (quick, 2 sizes) and about 28
 # (full, 3 sizes at 1.02M tokens a run, the largest pair's grid most of it); docs/report.md has the wall times.
 BUDGET = {
     "quick": dict(gpt=[(2, 2, 48), (2, 4, 144)], block_size=256, batch_size=8, steps=200,
