@@ -49,17 +49,18 @@ def exp_sizes(ctx):
     runs = {}
     for name in ("gpt", "lstm"):
         runs[name] = dict(tuned=[], by_size=[])
-        grid = budget["lrs"][name]
         for i, size in enumerate(ladder[name]):
-            seeds = list(range(budget["seeds"])) if i == 0 else [0]  # the seed spread is measured at the smallest
+            if i == 0:  # the seed spread is measured at the smallest size
+                grid, seeds = budget["lrs"][name], list(range(budget["seeds"]))
+            else:  # muP-style: Adam's per-weight step shrinks with the width
+                predicted = runs[name]["tuned"][-1]["lr"] * ladder[name][i - 1]["width"] / size["width"]
+                grid, seeds = [float(f"{predicted * f:.3g}") for f in budget["retune"]], [0]
             best, lrs, _, chosen = seed_grid(lambda lr, seed: fit(ctx, budget, data_dir, size, lr, seed), grid, seeds,
                                              1, lambda rs: -np.mean([r["select"] for r in rs]))
             runs[name]["tuned"].append(dict(lr=best, lrs=lrs, edge=len(lrs) > 1 and best in (min(lrs), max(lrs))))
             runs[name]["by_size"].append(chosen[0])
-            runs[name].setdefault("seeds", list(chosen.values()))
-            if i + 1 < len(ladder[name]):  # muP-style: Adam's per-weight step shrinks with the width
-                predicted = best * size["width"] / ladder[name][i + 1]["width"]
-                grid = [float(f"{predicted * f:.3g}") for f in budget["retune"]]
+            if i == 0:
+                runs[name]["seeds"] = list(chosen.values())
     references = lm.ngram_baselines(data_dir, load_meta(data_dir)["vocab_size"])  # {n: (k, test loss)}
     sizes_rows(ctx, budget, ladder, runs, references)
     sizes_figure(ctx, budget, ladder, runs, references)
