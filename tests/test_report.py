@@ -2,7 +2,10 @@
 equal sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
 tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
 import json
+import os
+import subprocess
 import sys
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ import scripts.report.__main__ as report_cli
 from attnlab.config import ModelConfig
 from model import GPT
 from scripts.report import Context
+from scripts.report.lm import ROOT
 from scripts.report.mechanism import autograd_depth, max_hops
 
 
@@ -51,7 +55,7 @@ def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_p
     ran = []
     monkeypatch.setattr(report_cli, "EXPERIMENTS", {name: lambda ctx, name=name: ran.append((ctx.preset, name))
                                                     for name in ("scaling", "recall", "positions", "window", "lm")})
-    monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds: None)
+    monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds, hardware: None)
     for flags in ([], ["--full"], ["--only", "recall,lm"]):
         ran.clear()
         monkeypatch.setattr(sys, "argv", ["scripts.report", "--device", "cpu", "--out", str(tmp_path), *flags])
@@ -79,3 +83,61 @@ def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_
     with pytest.raises(ValueError, match="pick from"):
         ctx.verdict("lm", "b", "x", "proved")
     ctx.verdict("lm", "a", "x", "not shown here (needs a GPU)")  # a reason in brackets is allowed
+
+
+def test_every_experiment_either_runs_alone_or_has_a_place_in_the_pool():
+    assert set(report_cli.ALONE) | set(report_cli.POOLED) == set(report_cli.EXPERIMENTS)
+    assert not set(report_cli.ALONE) & set(report_cli.POOLED)
+    assert set(report_cli.READS_LM) < set(report_cli.EXPERIMENTS)
+
+
+class InProcessPool:
+    """ProcessPoolExecutor's interface, running each job as it is submitted (the monkeypatched registry is seen) and
+    restoring the threads a worker process would have kept to itself."""
+    def __init__(self, jobs, mp_context=None):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        future, threads = Future(), torch.get_num_threads()
+        future.set_result(fn(*args))
+        torch.set_num_threads(threads)
+        return future
+
+
+def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_timed_ones(tmp_path, monkeypatch):
+    ran = []
+    def part(name):
+        def run(ctx):
+            ran.append((name, torch.get_num_threads()))
+            ctx.row(name, "m", "1", "2")
+        return run
+    names = ("scaling", "recall", "lm", "sizes", "context", "throughput")
+    monkeypatch.setattr(report_cli, "EXPERIMENTS", {n: part(n) for n in names})
+    monkeypatch.setattr(report_cli, "ProcessPoolExecutor", InProcessPool)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="main")
+        seconds, hardware = report_cli.run_parts(ctx, list(names), jobs=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert ran == [("lm", 2), ("sizes", 1), ("context", 1), ("recall", 1), ("scaling", 1), ("throughput", 2)]
+    assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "recall", "scaling"}
+    assert all(h.endswith("1 thread(s)") for h in hardware.values())
+    assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
+
+
+def test_jobs_in_spawned_workers_write_the_part_and_its_thread_count(tmp_path):
+    # a subprocess: under `python -m` the workers cannot import the command's __main__, which pytest's import hides
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    subprocess.run([sys.executable, "-m", "scripts.report", "--only", "scaling", "--device", "cpu", "--jobs", "2",
+                    "--threads", "2", "--out", str(tmp_path)], check=True, cwd=ROOT, env=env, capture_output=True)
+    runs = json.loads((tmp_path / "runs.json").read_text())
+    assert runs["scaling"]["hardware"].endswith(", 1 thread(s)")
+    assert "scaling" in (tmp_path / "results.csv").read_text()

@@ -15,11 +15,14 @@ Each experiment is a function of a Context: it appends rows to the results table
 point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs
 (ctx.verdict) and saves its figures (ctx.save), each figure labelled with its models, budget and hardware.
 """
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 import torch
+
+from attnlab.runtime import hardware_name
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -69,3 +72,13 @@ class Context:
                  color="dimgray", va="top")
         fig.savefig(self.out / name, dpi=100, bbox_inches="tight")
         plt.close(fig)
+
+
+def run_part(ctx, experiment, threads):
+    """One experiment function on a fresh copy of ctx in this (worker) process at threads: its rows, grid, verdicts,
+    seconds and hardware, which names the thread count it ran with."""
+    torch.set_num_threads(threads)
+    part = Context(ctx.preset, ctx.device, ctx.out, ctx.data_path, hardware_name(ctx.device), ctx.text_run)
+    t0 = time.time()
+    experiment(part)
+    return part.rows, part.grid, part.verdicts, time.time() - t0, part.hardware

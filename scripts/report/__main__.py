@@ -2,6 +2,7 @@
 
     python -m scripts.report                    # quick preset (no recall, positions, window): results/quick/
     python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
+    python -m scripts.report --full --jobs 2    # the untimed parts two at a time, one thread each
     python -m scripts.report --only recall      # one experiment (or several, comma-separated): into out/report/quick/
     python -m scripts.report --only recall --out scripts/report/results/quick   # ... into the committed report
     python -m scripts.report --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
@@ -15,17 +16,19 @@ through the mechanism behind each figure.
 import argparse
 import csv
 import json
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from attnlab.runtime import hardware_name, pick_device
-from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context
+from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
-from scripts.report.lm import exp_lm, exp_positions, exp_window
+from scripts.report.lm import exp_lm, exp_positions, exp_window, lm_results
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.recall import exp_induction, exp_recall, exp_recall_state
 from scripts.report.sizes import exp_sizes
@@ -41,6 +44,11 @@ GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds
 VERDICT_FIELDS = ["experiment", "reason", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
 # decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
 FULL_ONLY = ("recall", "positions", "window")
+# parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
+ALONE = ("lm", "window", "throughput", "long", "generation")
+READS_LM = ("positions", "window", "context", "text", "paths")  # train the lm experiment's models first if missing
+# the other parts, longest first, so that the workers finish together (runs.json has their wall times)
+POOLED = ("sizes", "recall_state", "context", "positions", "recall", "induction", "text", "paths", "scaling")
 
 
 def merge_csv(path, fields, new_rows, replaced):
@@ -69,9 +77,9 @@ def verdict_table(verdicts):
     return lines
 
 
-def write_report(ctx, ran, seconds):
+def write_report(ctx, ran, seconds, hardware=None):
     """Merge this run's rows into results.csv (keeping other experiments' rows), then rewrite results.md, which opens
-    with the verdict on the three reasons."""
+    with the verdict on the three reasons. hardware: each part's, where it differs from ctx.hardware (--jobs)."""
     csv_path, runs_path = ctx.out / "results.csv", ctx.out / "runs.json"
     replaced = set(ran) | {r["experiment"] for r in ctx.rows}  # paths may have run lm for its models
     rows = merge_csv(csv_path, RESULT_FIELDS, ctx.rows, replaced)
@@ -79,8 +87,9 @@ def write_report(ctx, ran, seconds):
     verdicts = merge_csv(ctx.out / "verdicts.csv", VERDICT_FIELDS, ctx.verdicts, replaced)
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
     for name in ran:
-        runs[name] = dict(seconds=round(seconds[name]), preset=ctx.preset, hardware=ctx.hardware,
-                          torch=torch.__version__, date=time.strftime("%Y-%m-%d"))
+        runs[name] = dict(seconds=round(seconds[name]), preset=ctx.preset,
+                          hardware=(hardware or {}).get(name, ctx.hardware), torch=torch.__version__,
+                          date=time.strftime("%Y-%m-%d"))
     runs_path.write_text(json.dumps(runs, indent=1) + "\n")
     table = ["| experiment | measure | GPT (attention) | LSTM (recurrence) | note |", "|---|---|---|---|---|"]
     table += [f"| {r['experiment']} | {r['measure']} | {r['gpt']} | {r['lstm']} | {r['note']} |" for r in rows]
@@ -97,6 +106,42 @@ def write_report(ctx, ran, seconds):
     print("\n".join(verdict_table(verdicts) + [""] + table))
 
 
+def run_parts(ctx, names, jobs):
+    """Every experiment of names, in EXPERIMENTS order, or with jobs > 1: the lm experiment alone, then the untimed
+    parts jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its share of the
+    threads, then the rest of ALONE alone. Returns each part's seconds and, for the pooled ones, their hardware."""
+    seconds, hardware = {}, {}
+    def alone(name):
+        t0 = time.time()
+        EXPERIMENTS[name](ctx)
+        seconds[name] = time.time() - t0
+        tqdm.write(f"{name}: {seconds[name]:.0f} s")
+    names = sorted(names, key=list(EXPERIMENTS).index)
+    if jobs == 1:
+        for name in tqdm(names, desc="compare", unit="experiment"):
+            alone(name)
+        return seconds, hardware
+    pooled = sorted((n for n in names if n not in ALONE), key=POOLED.index)
+    if "lm" in names:
+        alone("lm")
+    elif set(pooled) & set(READS_LM) - ({"text"} if ctx.text_run else set()):  # text may read another run
+        lm_results(ctx)  # once, here, rather than in two workers at once
+    threads = max(1, torch.get_num_threads() // jobs)
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_part, ctx, EXPERIMENTS[n], threads): n for n in pooled}
+        for future in as_completed(futures):
+            name, (rows, grid, verdicts, s, hw) = futures[future], future.result()
+            ctx.rows += rows
+            ctx.grid += grid
+            ctx.verdicts += verdicts
+            seconds[name], hardware[name] = s, hw
+            tqdm.write(f"{name}: {s:.0f} s ({hw.rsplit(', ', 1)[-1]}, {jobs} parts at a time)")
+    for name in names:
+        if name in ALONE and name != "lm":
+            alone(name)
+    return seconds, hardware
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the stated budgets instead of the quick preset")
@@ -109,10 +154,14 @@ def main():
                         "scripts/report/results/full; with --only out/report/quick or out/report/full)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
+    parser.add_argument("--jobs", type=int, default=1, help="parts run at a time, each on threads/jobs "
+                        "threads (the timed parts always run alone): small models train faster side by side")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else [n for n in EXPERIMENTS if args.full or n not in FULL_ONLY]
     if unknown := set(names) - set(EXPERIMENTS):
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(EXPERIMENTS)}")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: pass 1 or more")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -125,15 +174,10 @@ def main():
     ctx = Context(preset, device, out, args.data_path, hardware_name(device), args.text_run)
     ctx.out.mkdir(parents=True, exist_ok=True)
     print(f"report ({preset}) on {ctx.hardware}: {', '.join(names)}")
-    seconds = {}
-    for name in (bar := tqdm(sorted(names, key=list(EXPERIMENTS).index), desc="compare", unit="experiment")):
-        bar.set_postfix_str(name)
-        t0 = time.time()
-        EXPERIMENTS[name](ctx)
-        seconds[name] = time.time() - t0
-        tqdm.write(f"{name}: {seconds[name]:.0f} s")
-    write_report(ctx, names, seconds)
-    print(f"total {sum(seconds.values()):.0f} s; results in {ctx.out}/results.md")
+    start = time.time()
+    seconds, hardware = run_parts(ctx, names, args.jobs)
+    write_report(ctx, names, seconds, hardware)
+    print(f"total {time.time() - start:.0f} s; results in {ctx.out}/results.md")
 
 
 if __name__ == "__main__":
