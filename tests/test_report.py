@@ -131,6 +131,14 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
     assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "recall", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
+    trained = []  # without lm in the run, a pooled part that reads its runs has them trained once, before the pool
+    monkeypatch.setattr(report_cli, "lm_results", lambda ctx: trained.append(list(ran)))
+    ran.clear()
+    report_cli.run_parts(ctx, ["context", "scaling"], jobs=2)
+    assert trained == [[]] and [n for n, _ in ran] == ["context", "scaling"]
+    monkeypatch.setattr(report_cli, "EXPERIMENTS", {"text": part("text")})
+    report_cli.run_parts(Context("quick", torch.device("cpu"), tmp_path, text_run="out"), ["text"], jobs=2)
+    assert len(trained) == 1 and ran[-1][0] == "text"  # text reading another run needs no lm runs
 
 
 def test_jobs_in_spawned_workers_write_the_part_and_its_thread_count(tmp_path):

@@ -118,7 +118,8 @@ def run_parts(ctx, names, jobs):
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
     names = sorted(names, key=list(EXPERIMENTS).index)
     if jobs == 1:
-        for name in tqdm(names, desc="compare", unit="experiment"):
+        for name in (bar := tqdm(names, desc="compare", unit="experiment")):
+            bar.set_postfix_str(name)
             alone(name)
         return seconds, hardware
     pooled = sorted((n for n in names if n not in ALONE), key=POOLED.index)
