@@ -11,7 +11,7 @@ from scripts.report import Context, context, lm
 from train import train
 
 LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
-               lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.02], lstm=[0.02]), grid_seeds=1, seeds=2,
+               lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.05], lstm=[0.07]), grid_seeds=1, seeds=2,
                evals=2, eval_iters=1, select_windows=4,
                test_windows=8, windows=[8])
 TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps=10, test_sequences=8)
@@ -23,6 +23,8 @@ def test_context_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setitem(context.BUDGET, "quick", TINY)
     monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
+    made, make = [], context.make_optimizer
+    monkeypatch.setattr(context, "make_optimizer", lambda model, cfg, dev: made.append(cfg) or make(model, cfg, dev))
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
     context.exp_context(ctx)  # finds no lm runs and makes them first
@@ -38,7 +40,15 @@ def test_context_end_to_end(tmp_path, monkeypatch):
     assert verdict["experiment"] == "context" and verdict["status"] in rows["gap at D = 8"]["note"]
     points = [p for p in ctx.grid if p["experiment"] == "context"]
     assert len(points) == 2 * 2 * 2  # 2 models x 2 distances x (repeat, first copy)
-    assert {p["setting"] for p in points} == {"repeat D=4 span=4 context=16", "repeat D=8 span=4 context=16"}
+    summary = lm.lm_summary()
+    assert len(made) == 2  # the repeat runs train with each model's equal-time recipe, the GPT's with Muon
+    for cfg, name in zip(made, ("gpt", "lstm")):
+        recipe = summary["best_time"][name]
+        assert (cfg.optimizer, cfg.learning_rate) == (lm.RECIPES[recipe][1], summary[name]["lr"])
+        assert cfg.optimizer == "adamw" or cfg.muon_lr == summary["equal_time"][recipe]["lr"]
+    assert made[0].optimizer == "muon" and made[0].muon_lr == 0.05
+    settings = {p["setting"].split(" adamw_lr")[0] for p in points if p["model"] == "gpt"}
+    assert settings == {"repeat D=4 span=4 context=16 muon", "repeat D=8 span=4 context=16 muon"}
 
 
 def test_truncate_replaces_all_but_the_last_k():
@@ -102,7 +112,9 @@ def test_verdict_from_the_repeat_loss_by_distance(gpt, lstm, copies, status):
     assert context.decide(gpt, lstm, *copies) == status
 
 
-def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_beyond_the_noise():
-    assert context.copied(dict(first=4.0, repeat=3.0, se=0.1))
-    assert not context.copied(dict(first=4.0, repeat=3.85, se=0.1))
-    assert not context.copied(dict(first=3.89, repeat=3.85, se=0.001))  # beyond the noise, but too small to count
+def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_and_a_uniform_guess_beyond_the_noise():
+    assert context.copied(dict(first=4.0, repeat=3.0, se=0.1), 3.87)
+    assert not context.copied(dict(first=4.0, repeat=3.85, se=0.1), 3.87)
+    assert not context.copied(dict(first=3.89, repeat=3.85, se=0.001), 3.87)  # beyond the noise, but too small to count
+    assert not context.copied(dict(first=7.3, repeat=3.86, se=0.001), 3.87)  # confidently wrong on the first copy
+    assert context.copied(dict(first=7.3, repeat=0.2, se=0.01), 3.87)

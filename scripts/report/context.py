@@ -27,13 +27,13 @@ from scripts.report import RUNS, lm
 # last position for every k; distances, span, context: the repeat corpus's test D values (training draws D from
 # training_distances, spanning them), span length and window (room for the pair at many places even at the largest
 # D); span <= the smallest D, so the copies never overlap; batch_size, steps: the repeat runs' sequences a step and
-# steps, the same for both models (trained on the test D values alone, the full GPT learned two of four by position);
-# test_sequences: test sequences per D (their text from the val split's 2nd half).
+# steps, the same for both models (at context 1024 and 4 sequences a step the full GPT had not learned to copy in
+# 2,000 steps: docs/log.md); test_sequences: test sequences per D (their text from the val split's 2nd half).
 # Sized by steps x one measured step; the presets' wall times, with their machine, are in docs/report.md.
 BUDGET = {
     "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
                   test_sequences=256),
-    "full": dict(windows=768, distances=[32, 128, 512, 768], span=32, context=1024, batch_size=4, steps=2000,
+    "full": dict(windows=768, distances=[32, 128, 512], span=32, context=640, batch_size=8, steps=2000,
                  test_sequences=512),
 }
 SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
@@ -144,20 +144,24 @@ def repeat_model(summary, name, T):
 
 
 def repeat_run(ctx, budget, summary, name):
-    """One model trained on the repeat corpus at the lm experiment's lr and optimizer, then its loss on the repeat and
+    """One model trained on the repeat corpus with its best recipe on the lm corpus, then its loss on the repeat and
     on the first copy (the same offsets, not copyable) at each D: {D: dict(repeat, se, first)}, with the run's
-    steps and seconds."""
+    recipe, steps and seconds."""
     span, distances, data_dir = budget["span"], budget["distances"], summary["data_dir"]
     T, vocab, lr, steps = budget["context"], summary["vocab"], summary[name]["lr"], budget["steps"]
+    # each model's best recipe on this text, the lm experiment's equal-time choice (with AdamW alone, the lm
+    # experiment's equal-token recipe, the GPT barely copies in these steps: docs/log.md)
+    recipe = summary["best_time"][name]
+    method, muon_lr = lm.RECIPES[recipe][1], summary["equal_time"][recipe]["lr"]
     train_tokens, test_half = load_split(data_dir, "train"), lm.halves(data_dir)[1]
     # the span's tokens: the rarer half of the vocabulary, so that the current token mostly finds its one earlier
     # occurrence in the span (common characters would match all over the text between the copies)
     alphabet = torch.from_numpy(np.bincount(train_tokens, minlength=vocab).argsort()[:vocab // 2].copy())
     torch.manual_seed(SEED)
     model = build_model(repeat_model(summary, name, T)).to(ctx.device)
-    # as the lm experiment trains: AdamW, warmup then cosine to lr/10, the same steps for both models
+    # as the lm experiment trains: warmup then cosine to lr/10, the same steps for both models
     train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=steps // 10,
-                            optimizer="adamw")
+                            optimizer=method, **(dict(muon_lr=muon_lr) if method == "muon" else {}))
     optimizer = make_optimizer(model, train_cfg, ctx.device)
     generator, start, train_ds = torch.Generator().manual_seed(SEED), time.time(), training_distances(distances)
     for it in tqdm(range(steps), desc=f"context: repeat corpus, {name}", leave=False):
@@ -169,11 +173,13 @@ def repeat_run(ctx, budget, summary, name):
     model.eval()
     scores = {D: repeat_scores(model, *repeat_batch(test_half, budget["test_sequences"], [D], span, T, alphabet,
                                                     generator), span) for D in distances}
+    recipe_setting, grid_lr = (f"muon adamw_lr={lr:g}", muon_lr) if method == "muon" else ("adamw", lr)
     for D, score in scores.items():
         for metric in ("repeat", "first"):
-            ctx.grid_point("context", name, f"repeat D={D} span={span} context={T}", lr, SEED, steps, seconds,
+            ctx.grid_point("context", name, f"repeat D={D} span={span} context={T} {recipe_setting}", grid_lr, SEED,
+                           steps, seconds,
                            f"{'repeated' if metric == 'repeat' else 'first'} span test loss", round(score[metric], 4))
-    return dict(scores=scores, steps=steps, seconds=seconds, lr=lr, T=T)
+    return dict(scores=scores, steps=steps, seconds=seconds, lr=lr, muon_lr=muon_lr, optimizer=method, T=T)
 
 
 def copyable(y, at, span):
@@ -203,9 +209,11 @@ def repeat_scores(model, x, y, d, at, span, batch_size=32):
 MATERIAL = 0.1
 
 
-def copied(score):
-    """Whether the repeat costs less than the first copy by more than MATERIAL and twice the repeat's standard error."""
-    return score["first"] - score["repeat"] > max(2 * score["se"], MATERIAL)
+def copied(score, uniform):
+    """Whether the repeat costs less than both the first copy and a uniform guess over the span's alphabet (uniform,
+    nats) by more than MATERIAL and twice the repeat's standard error: a model that is confidently wrong on the first
+    copy has not copied by beating it alone."""
+    return min(score["first"], uniform) - score["repeat"] > max(2 * score["se"], MATERIAL)
 
 
 def decide(gpt, lstm, gpt_copies, lstm_copies):
@@ -244,8 +252,9 @@ def context_rows(ctx, budget, summary, rises, repeats):
     distances, span = budget["distances"], budget["span"]
     def losses(name, key):
         return " / ".join(f"{repeats[name]['scores'][D][key]:.3f}" for D in distances)
-    trained = "; ".join(f"{name} lr {repeats[name]['lr']:g} (the lm experiment's), {repeats[name]['steps']} steps in "
+    trained = "; ".join(f"{name} {recipe_note(repeats[name])}, {repeats[name]['steps']} steps in "
                         f"{repeats[name]['seconds']:.0f} s" for name in ("gpt", "lstm"))
+    uniform = math.log(summary["vocab"] // 2)
     ctx.row("context", f"loss on a repeated span of {span} random tokens at D = " + " / ".join(map(str, distances)),
             losses("gpt", "repeat"), losses("lstm", "repeat"),
             f"each model trained on text (the lm corpus) with a span repeated at a distance drawn log-uniform from "
@@ -253,15 +262,16 @@ def context_rows(ctx, budget, summary, rises, repeats):
             f"copyable {span - 1} tokens only, context "
             f"{repeats['gpt']['T']}, {budget['batch_size']} sequences a step, seed {SEED}; {trained}; the first "
             f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (a uniform guess over the span's "
-            f"alphabet, the vocabulary's rarer half: {math.log(summary['vocab'] // 2):.2f}); "
+            f"alphabet, the vocabulary's rarer half: {uniform:.2f}); "
             f"{budget['test_sequences']} test sequences a D (val 2nd half), "
             f"standard error up to {max(s['se'] for r in repeats.values() for s in r['scores'].values()):.3f}")
     by_d = {name: [(repeats[name]["scores"][D]["repeat"], repeats[name]["scores"][D]["se"]) for D in distances]
             for name in ("gpt", "lstm")}
-    copies = {name: [D for D in distances if copied(repeats[name]["scores"][D])] for name in ("gpt", "lstm")}
+    copies = {name: [D for D in distances if copied(repeats[name]["scores"][D], uniform)] for name in ("gpt", "lstm")}
     status = decide(by_d["gpt"], by_d["lstm"], len(copies["gpt"]), len(copies["lstm"]))
     lo, hi = distances[0], distances[-1]
-    copy_note = "; ".join(f"{name} copies (repeat below the first copy by > 2 standard errors and > {MATERIAL} "
+    copy_note = "; ".join(f"{name} copies (repeat below the first copy and the uniform guess by > 2 standard errors "
+                          f"and > {MATERIAL} "
                           "nats) at D = " + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
     evidence = (f"on the repeated span the LSTM's loss goes {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f} "
                 f"nats from D = {lo} to {hi}, the GPT's {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f} "
@@ -271,6 +281,13 @@ def context_rows(ctx, budget, summary, rises, repeats):
     ctx.row("context", f"gap at D = {hi}, LSTM - GPT, repeated span", f"{gap:+.3f}", "-",
             f"{evidence}; {copy_note}; that the LSTM uses long context worse than attention is {status}")
     ctx.verdict("context", "b", evidence, status)
+
+
+def recipe_note(run):
+    """The repeat run's optimizer and lrs, the lm experiment's equal-time choice."""
+    muon = run["optimizer"] == "muon"
+    lrs = f"muon_lr {run['muon_lr']:g}, AdamW part at lr {run['lr']:g}" if muon else f"lr {run['lr']:g}"
+    return f"{run['optimizer']} ({lrs}; its best recipe at equal time in the lm experiment)"
 
 
 def spread(rises):
