@@ -135,16 +135,18 @@ class TrainConfig(RuntimeConfig):
 class LoggerConfig:
     log_interval: int = 10  # steps between metric lines
     wandb: bool = False  # also log to Weights & Biases
-    wandb_project: str = "attnlab"
-    wandb_run_name: str | None = None  # None: the out_dir's name
-    wandb_group: str | None = None  # runs shown together; None: a sweep's jobs share its out_dir's name
-    wandb_mode: str = "online"  # online | offline | disabled
+    # each None below leaves the choice to wandb's own setting, as for any wandb user; a value set here wins over it
+    wandb_project: str | None = None  # None: WANDB_PROJECT, else attnlab
+    wandb_run_name: str | None = None  # None: WANDB_NAME, else the out_dir's name
+    wandb_group: str | None = None  # runs shown together; None: a sweep's out_dir's name, else WANDB_RUN_GROUP
+    wandb_mode: str | None = None  # online | offline (to disk; `wandb sync` uploads) | disabled; None: WANDB_MODE
 
     def __post_init__(self):
         if self.log_interval <= 0:
             raise ValueError(f"logger.log_interval={self.log_interval} must be positive")
-        if self.wandb_mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is unknown; use online, offline or disabled")
+        if self.wandb_mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"logger.wandb_mode={self.wandb_mode!r} is unknown; use online, offline or disabled, or "
+                             f"null to follow WANDB_MODE")
 
 
 @dataclass

@@ -38,6 +38,10 @@ class RunLog:
     def __init__(self, cfg, procs, start_iter, wandb_id=None):
         """wandb_id: the wandb run to continue (a resumed run's); wandb_id then names this run's, None without wandb."""
         self.enabled, self.out_dir, self.wandb, self.wandb_id = procs.master, Path(cfg.out_dir), None, wandb_id
+        if self.enabled and cfg.logger.wandb:  # first: a run wandb refuses leaves no half-written record behind
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.wandb = start_wandb(cfg, self.out_dir, wandb_id)
+            self.wandb_id = self.wandb.id
         self.progress = tqdm(total=cfg.train.max_iters, initial=start_iter, disable=not self.enabled,
                              dynamic_ncols=True, mininterval=1.0, file=sys.stdout)
         if not self.enabled:
@@ -50,12 +54,6 @@ class RunLog:
         if metrics_path.exists():  # a fresh run starts a new file; a resumed one continues from its checkpoint
             trim_metrics(metrics_path, start_iter if cfg.train.resume else -1)
         self.metrics = metrics_path.open("a")
-        if cfg.logger.wandb:
-            import wandb  # optional dependency
-            self.wandb = wandb.init(project=cfg.logger.wandb_project, config=asdict(cfg), dir=str(self.out_dir),
-                                    name=cfg.logger.wandb_run_name or self.out_dir.name, mode=cfg.logger.wandb_mode,
-                                    group=cfg.logger.wandb_group, id=wandb_id, resume="allow")
-            self.wandb_id = self.wandb.id
 
     def print(self, text):
         if self.enabled:
@@ -91,6 +89,26 @@ class RunLog:
     def plot(self):
         if self.enabled:
             plot_losses(self.out_dir)
+
+
+def start_wandb(cfg, out_dir, wandb_id):
+    """The wandb run to log to: wandb_id's (a resumed run's) or a new one. A logger key left None leaves the choice
+    to wandb's own settings (WANDB_MODE, WANDB_PROJECT, WANDB_NAME, WANDB_RUN_GROUP, WANDB_DIR, `wandb login`), as
+    for any wandb user; a key the config sets wins. A run wandb refuses (no API key, a refused key, no server) is a
+    ValueError naming the fix."""
+    import wandb  # optional dependency
+    logger = cfg.logger
+    wandb_dir = None if os.environ.get("WANDB_DIR") else str(out_dir)  # None: wandb reads WANDB_DIR
+    try:
+        return wandb.init(project=logger.wandb_project or os.environ.get("WANDB_PROJECT") or "attnlab",
+                          name=logger.wandb_run_name or os.environ.get("WANDB_NAME") or out_dir.name,
+                          group=logger.wandb_group, mode=logger.wandb_mode, dir=wandb_dir, config=asdict(cfg),
+                          id=wandb_id, resume="allow")
+    except wandb.errors.Error as e:
+        reason = (str(e) or type(e).__name__).splitlines()[0]
+        raise ValueError(f"wandb could not start a run ({reason}), so nothing was trained or recorded in {out_dir}; "
+                         f"run `wandb login`, or log to disk only with WANDB_MODE=offline (or "
+                         f"logger.wandb_mode=offline) and upload later with `wandb sync`") from e
 
 
 def write_status(out_dir, status, **details):
