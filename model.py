@@ -83,16 +83,33 @@ def lm_loss(logits, targets, attention_mask=None):
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
 
-# From this vocabulary on, a training step's loss is computed in chunks of rows (ChunkedLinearCrossEntropy); smaller
-# vocabularies keep the plain path, whose one (B·T, vocab) tensor is small
+# From this vocabulary on, a CPU training step's loss is computed in chunks of rows (ChunkedLinearCrossEntropy): in host
+# memory the fp32 (B·T, vocab) tensors of the plain path cost more in page faults than the chunks' extra passes
 CHUNKED_LOSS_VOCAB = 8192
 CHUNK_LOGITS = 2 ** 21  # logits per chunk (rows x vocab), 8 MB in fp32: small enough for malloc to reuse, not remap
+# On a GPU the plain loss (fused by torch.compile) is several times faster; chunks only where its fp32 logits would
+# take more than this share of the device's memory
+CHUNKED_LOSS_GPU_SHARE = 1 / 8
+
+
+def chunks_pay(device, rows, vocab_size):
+    """Whether a training step's loss over rows x vocab_size logits on device is computed in chunks of rows."""
+    if vocab_size < CHUNKED_LOSS_VOCAB:
+        return False
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        logits_bytes = rows * vocab_size * 4
+        return logits_bytes > CHUNKED_LOSS_GPU_SHARE * torch.cuda.get_device_properties(device).total_memory
+    return False  # mps, meta: the plain path
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """The mean cross-entropy of the logits h @ weightᵀ against targets (-1 ignored), without ever holding all of
     them: each chunk of rows makes its logits, its loss and its gradients, then frees the logits (as Liger-Kernel's
-    fused linear cross-entropy). The gradients are computed in the forward pass; backward scales them."""
+    fused linear cross-entropy). The gradients are computed in the forward pass; backward scales them. grad_h is kept
+    per row, not yet divided by the count of targets: in fp16, 1/count of it would underflow before a GradScaler's
+    scale reaches it in backward."""
 
     @staticmethod
     def forward(ctx, h, weight, targets):
@@ -101,7 +118,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         rows = max(1, CHUNK_LOGITS // weight.size(0))
         count = (targets != -1).sum().clamp(min=1)  # real targets: the mean's denominator
         loss = torch.zeros((), device=h.device)
-        grad_h = torch.empty_like(h)  # (N, C)
+        grad_h = torch.empty_like(h)  # (N, C) d(sum of the row losses)/dh
         grad_w = torch.zeros(weight.shape, device=h.device)  # (V, C), fp32 for the sum over chunks
         for start in range(0, h.size(0), rows):
             h_chunk = h[start:start + rows]  # (n, C)
@@ -113,19 +130,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * real).sum()
             probs = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
             probs[torch.arange(probs.size(0), device=h.device), safe] -= 1.0  # d(loss)/d(logits): softmax - onehot
-            probs *= (real / count)[:, None]  # of the mean over real targets
+            probs *= real[:, None]  # ignored rows take no gradient
             grad_h[start:start + rows] = probs.to(h.dtype) @ w  # (n, C)
             grad_w.addmm_(probs.T, h_chunk.float())  # (V, C)
-        ctx.save_for_backward(grad_h, grad_w)
+        ctx.save_for_backward(grad_h, grad_w, count)
         ctx.weight_dtype = weight.dtype
         return loss / count
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
+        grad_h, grad_w, count = ctx.saved_tensors
+        scale = grad_loss / count  # fp32: the mean's 1/count times the loss's gradient (a GradScaler's scale)
+        return (grad_h.float() * scale).to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None
 
 
+@torch.compiler.disable  # dynamo would unroll the chunk loop into thousands of nodes; it runs eagerly instead
 def chunked_lm_loss(h, weight, targets, attention_mask=None):
     """lm_loss of the logits h @ weightᵀ, h (B, T, C), in chunks of rows: for a large vocabulary's training step."""
     if attention_mask is not None:
@@ -572,7 +591,7 @@ class GPT(nn.Module):
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C): only the next token's logits
         x = self.transformer.ln_f(x)
-        if self.chunked_loss(targets, return_weights):  # a large vocabulary's training step: no logits returned
+        if self.chunked_loss(x, targets, return_weights):  # a large vocabulary's CPU training step: no logits
             return None, chunked_lm_loss(x, self.lm_head.weight, targets, attention_mask)
         logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
@@ -582,11 +601,11 @@ class GPT(nn.Module):
             return logits, loss, all_weights
         return logits, loss
 
-    def chunked_loss(self, targets, return_weights):
+    def chunked_loss(self, x, targets, return_weights):
         """Whether forward computes its loss in chunks and returns no logits: a training step (targets, gradients on)
-        with a vocabulary of CHUNKED_LOSS_VOCAB or more, whose (B·T, vocab) logits would dominate its memory."""
+        whose (B·T, vocab) logits chunks_pay says are better never held, for x (B, T, C) on its device."""
         training_step = targets is not None and torch.is_grad_enabled() and not return_weights
-        return training_step and self.config.vocab_size >= CHUNKED_LOSS_VOCAB
+        return training_step and chunks_pay(x.device, x.size(0) * x.size(1), self.config.vocab_size)
 
     @torch.no_grad()
     def attention_maps(self, idx, attention_mask=None):

@@ -1,0 +1,90 @@
+"""Which loss a training step takes on each device, and what it costs where a GPU would see it: the plain loss on a
+GPU (fused by torch.compile into a small graph), chunks on the CPU; fp16 gradients through either as accurate as
+the plain loss's. Shapes on the meta device, precision under fp16 autocast on the CPU."""
+import types
+
+import pytest
+import torch
+
+import model as model_module
+from model import CHUNKED_LOSS_VOCAB, GPT, GPTConfig, chunks_pay
+
+GPT2 = dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+ROWS = 16 * 1024  # GPT-2's micro-batch: 16 sequences of 1,024 tokens
+
+
+def gpu(memory_bytes, monkeypatch):
+    """A cuda device whose properties report memory_bytes, as torch.cuda would on such a GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
+        total_memory=memory_bytes))
+    return torch.device("cuda", 0)
+
+
+def test_the_cpu_chunks_a_large_vocabulary_only():
+    cpu = torch.device("cpu")
+    assert chunks_pay(cpu, ROWS, CHUNKED_LOSS_VOCAB) and chunks_pay(cpu, 1, 50304)
+    assert not chunks_pay(cpu, ROWS, CHUNKED_LOSS_VOCAB - 1) and not chunks_pay(cpu, ROWS, 65)
+
+
+def test_a_gpu_takes_the_plain_loss_unless_its_logits_would_crowd_its_memory(monkeypatch):
+    # GPT-2 at 16 x 1024: 3.3 GB of fp32 logits, an eighth of 80 GB is 10 GB, of 24 GB 3 GB
+    assert not chunks_pay(gpu(80e9, monkeypatch), ROWS, 50304)
+    assert chunks_pay(gpu(24e9, monkeypatch), ROWS, 50304)
+    assert not chunks_pay(gpu(24e9, monkeypatch), ROWS // 2, 50304)
+    assert not chunks_pay(torch.device("meta"), ROWS, 50304) and not chunks_pay(torch.device("mps"), ROWS, 50304)
+
+
+def training_graph(model, x, y):
+    """torch._dynamo.explain of a training forward: (graphs, the reasons it broke them, FX nodes in all graphs)."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(x, y)
+    reasons = [r.reason for r in explained.break_reasons]
+    return explained.graph_count, reasons, sum(len(g.graph.nodes) for g in explained.graphs)
+
+
+@pytest.mark.slow  # dynamo traces GPT-2's 12 blocks: a few seconds
+def test_gpt2s_compiled_training_graph_on_a_gpu_is_one_small_graph():
+    with torch.device("meta"):  # shapes only, as a GPU would trace them: the plain loss
+        model = GPT(GPTConfig(**GPT2))
+        x = torch.randint(0, GPT2["vocab_size"], (16, 1024))
+    graphs, breaks, nodes = training_graph(model, x, x)
+    assert graphs == 1 and not breaks and nodes < 1000  # the chunk loop unrolled made over 13,000
+
+
+def test_the_chunked_loss_is_never_unrolled_into_the_compiled_graph():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50304, block_size=64, n_layer=2, n_head=2, n_embd=64))
+    x = torch.randint(0, 50304, (8, 64))  # 512 rows, 13 chunks
+    graphs, breaks, nodes = training_graph(model, x, x)
+    assert graphs == 1 and nodes < 300  # the trunk compiled, the loss eager
+    assert len(breaks) == 1 and "chunked_lm_loss" in breaks[0]
+
+
+def fp16_gradient_error(model, reference, x, y):
+    """The relative error of the model's gradients under fp16 autocast with the loss scaled by 2^16, as GradScaler
+    scales it, against the same model's in fp64."""
+    scale = 2.0 ** 16
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(x, y)[1]
+    grads = [g / scale for g in torch.autograd.grad(loss * scale, list(model.parameters()))]
+    exact = torch.autograd.grad(reference(x, y)[1], list(reference.parameters()))
+    flat = torch.cat([g.flatten() for g in grads])
+    flat_exact = torch.cat([g.flatten().float() for g in exact])
+    return ((flat - flat_exact).norm() / flat_exact.norm()).item()
+
+
+@pytest.mark.slow  # 8,192 rows of an 8,192-token vocabulary, in fp16 and fp64: about 10 s
+def test_fp16_gradients_through_the_chunked_loss_are_as_accurate_as_the_plain_ones(monkeypatch, one_thread):
+    # LayerNorm: RMSNorm computes in fp32, which would cap the fp64 reference's precision
+    config = GPTConfig(vocab_size=8192, block_size=128, n_layer=2, n_head=2, n_embd=64, norm="layernorm",
+                       qk_norm=False)
+    torch.manual_seed(0)
+    model = GPT(config)
+    reference = GPT(config).double()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randint(0, config.vocab_size, (64, 128))
+    y = torch.randint(0, config.vocab_size, (64, 128))
+    chunked = fp16_gradient_error(model, reference, x, y)  # the CPU's path for this vocabulary
+    monkeypatch.setattr(model_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
+    plain = fp16_gradient_error(model, reference, x, y)
+    assert plain < 5e-3 and chunked <= 2 * plain, (chunked, plain)
