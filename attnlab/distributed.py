@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attnlab.runtime import pick_device
@@ -72,31 +74,37 @@ def setup_processes(device_name):
     return Processes(device, rank, local_rank, world_size, distributed=True)
 
 
-def shard(model, parallel, procs):
+def shard(model, parallel, procs, dtype=None):
     """With parallel=fsdp and several processes, FSDP2 (fully_shard) in place: each block, then the root (embeddings,
     head, final norm; all of an RNN), keeps 1/world_size of its parameters and gathers the rest only while it runs
-    forward or backward. Build the optimizer after it, over the shards. Otherwise the model as it is."""
+    forward or backward. Build the optimizer after it, over the shards. Otherwise the model as it is. dtype: the
+    run's autocast dtype (None: fp32); under bf16 the parameters are gathered in bf16 and the gradients reduced in
+    fp32, while the shards, and so the optimizer, stay fp32."""
     if parallel != "fsdp" or not procs.distributed:
         return model
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # autocast computes in bf16 anyway, so bf16 gathers halve the traffic; fp32 reductions keep the gradients' sums
+    # exact enough to step with (FSDP2's recommended policy)
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    policy = bf16 if dtype == torch.bfloat16 else MixedPrecisionPolicy()
     for block in model.transformer.h if isinstance(model, GPT) else []:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     return model
 
 
 def wrap(model, compile, procs):
-    """The model the loop calls: compiled and/or DDP-wrapped (the state keeps the plain one), and the one it
-    evaluates with (compiled, not DDP). A sharded model needs no wrapper: FSDP2 already reduces its gradients."""
-    sharded = is_sharded(model)
-    if compile:
-        model = torch.compile(model)
-    if not procs.distributed or sharded:
-        return model, model
+    """The model the loop calls: DDP-wrapped and/or compiled (the state keeps the plain one), and the one it
+    evaluates with (compiled, not DDP). Compiled around DDP, as PyTorch advises: dynamo then splits the graph at
+    DDP's buckets, so each bucket's all-reduce overlaps the rest of the backward. A sharded model needs no wrapper:
+    FSDP2 already reduces its gradients."""
+    eval_model = torch.compile(model) if compile else model
+    if not procs.distributed or is_sharded(model):
+        return eval_model, eval_model
     # the only buffers (RoPE and sinusoid tables) are computed identically on every rank: no per-step sync
     ddp = DDP(model, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None,
               forward_sync_buffers=False)
-    return ddp, model
+    return torch.compile(ddp) if compile else ddp, eval_model
 
 
 def is_sharded(model):
@@ -105,6 +113,45 @@ def is_sharded(model):
         return False
     from torch.distributed.fsdp import FSDPModule
     return isinstance(model, FSDPModule)
+
+
+def local(tensor):
+    """This process's part of tensor: a DTensor's local shard (FSDP2's), which in-place ops update, or the tensor."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def map_replicated(fn, matrices):
+    """fn(matrices) for a stack of matrices (n, rows, cols) that every process of the default group holds alike (DDP's
+    gradients), each process computing fn on 1/world_size of them: fn must treat each matrix on its own. One
+    all-gather."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    n = matrices.size(0)
+    share = -(-n // world)  # matrices per process
+    mine = matrices[rank * share:(rank + 1) * share]
+    mine = fn(F.pad(mine, (0, 0, 0, 0, 0, share - mine.size(0))))  # the last processes' shares padded with zeros
+    gathered = mine.new_empty(world * share, *mine.shape[1:])
+    dist.all_gather_single(gathered, mine)
+    return gathered[:n]
+
+
+def map_sharded(fn, shards, rows, group):
+    """fn of whole matrices, applied to those whose dim-0 shards (FSDP2's, split as torch.chunk splits) the processes
+    of group hold: shards (n, local rows, cols) are this process's of n matrices of rows rows. Each process gathers
+    1/world_size of the matrices whole, applies fn to them (fn must treat each matrix on its own) and sends each
+    process its shards of the results, which come back as shards (n, local rows, cols). Two all-to-alls."""
+    world = dist.get_world_size(group)
+    n, local_rows, cols = shards.shape
+    chunk = -(-rows // world)  # rows per shard, the last shards shorter or empty: padded to it
+    share = -(-n // world)  # matrices per process, padded with zeros to a multiple of world
+    send = F.pad(shards, (0, 0, 0, chunk - local_rows, 0, world * share - n))  # (world * share, chunk, cols)
+    received = torch.empty_like(send)  # from each process, its shard of each of my matrices
+    dist.all_to_all_single(received, send, group=group)
+    whole = received.view(world, share, chunk, cols).transpose(0, 1).reshape(share, world * chunk, cols)
+    done = F.pad(fn(whole[:, :rows]), (0, 0, 0, world * chunk - rows))  # (share, world * chunk, cols)
+    send = done.view(share, world, chunk, cols).transpose(0, 1).contiguous()  # to each process, its shards
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received.view(world * share, chunk, cols)[:n, :local_rows]
 
 
 def torch_optimizers(optimizer):
