@@ -10,6 +10,8 @@ training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparati
     python -m scripts.bench --only vocab             # GPT-2's vocabulary on a small model: the loss chunked or plain
     python -m scripts.bench --quick                  # tiny sizes, one round: checks that everything runs
     python -m scripts.bench --device cuda            # bf16 autocast and torch.compile; MFU where the peak is known
+    python -m scripts.bench --only gpu               # the GPU check, under 5 minutes: gpu_check.json (docs/speed.md)
+    python -m scripts.bench --only gpu --smoke       # the same code on the CPU at tiny sizes, in seconds
 
 What is compared runs alternately (A B A B ...) and the tables show medians over rounds, so a neighbour that slows a
 shared machine for a while slows both sides. Warm-up steps and start-up are not timed, except in speedrun and
@@ -17,8 +19,10 @@ ablation, which time whole runs from launch to exit. Tables print as Markdown.
 """
 import argparse
 import collections
+import contextlib
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -29,15 +33,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import model as model_module
 from attnlab.config import compose
 from attnlab.decode import generate_stream
+from attnlab.distributed import Processes, wrap
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
 from attnlab.runtime import (
@@ -418,17 +424,271 @@ def vocab_section(args, device, sizes):
     table(["training step", "tokens/s", "peak MiB (max RSS)", "user s/step", "system s/step"], rows)
 
 
+# gpu: GPT-2 124M's shape with nanoGPT's vocabulary, 50,257 padded to a multiple of 64, so figures compare with its;
+# batch_size per step; warmup (compilation) and timed steps; loss_steps of bf16 against fp32 over loss_batches seeded
+# batches taken in turn, so the loss falls as the model learns them; new_tokens sampled after a prompt of random
+# tokens; ddp_steps through DDP; part_s, the seconds each part after the first needs, checked against the deadline
+GPU_SIZES = dict(
+    full=dict(shape={}, vocab_size=50304, batch_size=16, warmup=3, steps=20, loss_steps=50, loss_batches=4, prompt=256,
+              new_tokens=256, ddp_steps=5, part_s=dict(sdpa=10, losses=60, sample=30, ddp=60)),
+    quick=dict(shape=dict(n_layer=2, n_head=2, n_embd=64, block_size=64), vocab_size=50304, batch_size=4, warmup=1,
+               steps=2, loss_steps=5, loss_batches=2, prompt=8, new_tokens=8, ddp_steps=3,
+               part_s=dict(sdpa=1, losses=1, sample=1, ddp=1)),
+)
+# bf16 autocast's per-step losses against fp32's from the same weights and batches, in nats: bf16 keeps 8 bits of
+# mantissa (a relative error of 0.4% per rounding), which over 50 steps should move a loss near 11 by hundredths
+LOSS_TOLERANCE = dict(max=0.05, mean=0.02)
+# DDP on one process against the same steps without it, in nats: one process's all-reduce changes no gradient, so
+# only the run-to-run noise of kernels that add in parallel (atomics) remains
+DDP_TOLERANCE = 1e-3
+
+
+class Deadline:
+    """Seconds left before a wall-clock end, and whether a part predicted to take some seconds fits in them."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self.clock, self.end = clock, clock() + seconds
+
+    def left(self):
+        return self.end - self.clock()
+
+    def fits(self, predicted_s):
+        return predicted_s <= self.left()
+
+
+@dataclass
+class GpuCheck:
+    """What the gpu section's parts share. Each part that trains starts again from the initial weights."""
+    model: GPT  # the plain model, whose parameters every wrapper below shares
+    step_model: torch.nn.Module  # what a training step calls: the model, compiled where compile is on
+    initial: dict  # the model's state before any step
+    cfg: object  # the experiment=gpt2_owt config: optimizer, learning rate, clipping
+    device: torch.device
+    amp: object  # the bf16 autocast context
+    compile: bool
+    sizes: dict  # GPU_SIZES' full or quick
+    deadline: Deadline
+    batch: tuple = None  # the throughput part's (x, y), at the batch size that fitted
+
+
+@contextlib.contextmanager
+def full_fp32(device):
+    """fp32 matmuls without TF32 while inside, on CUDA (configure turns TF32 on): the reference the bf16 run meets."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def sdpa_kernels(model, x, amp):
+    """The attention kernels one training forward of model runs, by their aten names (flash_attention,
+    efficient_attention, cudnn_attention, attention_math, flash_attention_for_cpu, ...)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]  # each kernel runs under an aten op, a CPU event
+    with torch.profiler.profile(activities=activities) as prof, amp:
+        model(x, x)
+    prefix = "aten::_scaled_dot_product_"
+    return sorted({e.key.removeprefix(prefix) for e in prof.key_averages() if e.key.startswith(prefix)})
+
+
+def loss_curve(check, step_model, batches, steps, amp, all_mean=None):
+    """Losses of up to `steps` training steps of step_model from the initial weights with a fresh optimizer, over
+    batches taken in turn, stopping at the deadline; and the median seconds of a step after the first (which
+    compiles)."""
+    check.model.load_state_dict(check.initial)
+    optimizer = make_optimizer(check.model, check.cfg.train, check.device)
+    losses, times = [], []
+    for i in range(steps):
+        if check.deadline.left() <= 0:
+            break
+        sync(check.device)
+        start = time.perf_counter()
+        loss = train_step(step_model, optimizer, [batches[i % len(batches)]], grad_clip=check.cfg.train.grad_clip,
+                          autocast=amp, all_mean=all_mean)
+        losses.append(float(loss))  # a float or a device tensor, whichever train_step returns
+        times.append(time.perf_counter() - start)
+    return losses, statistics.median(times[1:] or times)
+
+
+def warm_step(check, batch_size):
+    """A training step at batch_size on random tokens, run a few times (compilation, the allocator's first blocks,
+    the optimizer's state); the step and its batch."""
+    config = check.model.config
+    optimizer = make_optimizer(check.model, check.cfg.train, check.device)
+    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.block_size), device=check.device)
+
+    def step():
+        train_step(check.step_model, optimizer, [(x, y)], grad_clip=check.cfg.train.grad_clip, autocast=check.amp)
+
+    for _ in range(check.sizes["warmup"]):
+        step()
+    return step, (x, y)
+
+
+def gpu_train(check):
+    """Training tokens/s, MFU and peak memory at the batch size, or at half of it if that does not fit."""
+    model, device, sizes = check.model, check.device, check.sizes
+    batch_size = sizes["batch_size"]
+    try:
+        step, check.batch = warm_step(check, batch_size)
+    except torch.OutOfMemoryError:
+        step = None
+    if step is None:  # retried outside the except clause, whose traceback holds the failed step's tensors
+        torch.cuda.empty_cache()
+        batch_size //= 2
+        step, check.batch = warm_step(check, batch_size)
+    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else None  # weights and optimizer state
+    peak = peak_bytes(step, device)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(sizes["steps"]):
+        step()
+    sync(device)
+    seconds = (time.perf_counter() - start) / sizes["steps"]
+    tokens_per_s = batch_size * model.config.block_size / seconds
+    flops = peak_flops(device)
+    return dict(batch_size=batch_size, block_size=model.config.block_size, vocab_size=model.config.vocab_size,
+                params=model.num_params(), dtype="bfloat16", compile=check.compile, step_ms=seconds * 1e3,
+                tokens_per_s=tokens_per_s, mfu=model.flops_per_token() * tokens_per_s / flops if flops else None,
+                peak_step_mib=peak / 2**20, peak_total_mib=(held + peak) / 2**20 if held is not None else None)
+
+
+def gpu_sdpa(check):
+    """The attention kernels of the step training runs (compiled where compile is on) and of the plain model."""
+    x = check.batch[0]  # the whole batch: another shape would make the compiled model compile again
+    return dict(training=sdpa_kernels(check.step_model, x, check.amp), eager=sdpa_kernels(check.model, x, check.amp))
+
+
+def gpu_losses(check):
+    """bf16 autocast (the compiled step where compile is on) against plain fp32 (eager, no TF32), step by step from
+    the same initial weights over the same seeded batches; the largest and mean gap against LOSS_TOLERANCE."""
+    model, device, sizes = check.model, check.device, check.sizes
+    shape = (sizes["loss_batches"], 2, check.batch[0].size(0), model.config.block_size)
+    tokens = torch.randint(0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+    batches = [(x, y) for x, y in tokens.to(device)]
+    bf16, bf16_s = loss_curve(check, check.step_model, batches, sizes["loss_steps"], check.amp)
+    with full_fp32(device):
+        fp32, fp32_s = loss_curve(check, model, batches, len(bf16), autocast(device, None))
+    gaps = [abs(a - b) for a, b in zip(bf16, fp32)]
+    finite = all(math.isfinite(loss) for loss in bf16 + fp32)
+    largest, mean = max(gaps), statistics.mean(gaps)
+    return dict(steps=len(gaps), complete=len(gaps) == sizes["loss_steps"], bf16=bf16, fp32=fp32,
+                bf16_step_ms=bf16_s * 1e3, fp32_step_ms=fp32_s * 1e3, max_abs_diff=largest, mean_abs_diff=mean,
+                tolerance=LOSS_TOLERANCE,
+                passed=finite and largest <= LOSS_TOLERANCE["max"] and mean <= LOSS_TOLERANCE["mean"])
+
+
+def gpu_sample(check):
+    """Sampling tokens/s in eval mode under bf16 autocast, with and without the KV cache, after a random prompt."""
+    model, device, sizes = check.model, check.device, check.sizes
+    prompt = torch.randint(0, model.config.vocab_size, (1, sizes["prompt"]), device=device)
+    model.eval()
+    with check.amp:
+        runs = compare_cache(model, prompt, sizes["new_tokens"], 1, device)
+    model.train()
+    speed = {kv: sizes["new_tokens"] / sum(times[0]) for kv, times in runs.items()}
+    return dict(prompt=sizes["prompt"], new_tokens=sizes["new_tokens"], tokens_per_s_cache=speed[True],
+                tokens_per_s_recompute=speed[False], speedup=speed[True] / speed[False])
+
+
+def gpu_ddp(check):
+    """Training steps through DDP on a 1-process group (NCCL on CUDA, gloo on the CPU), the model wrapped as
+    train.py wraps it, against the same steps without DDP: one process's all-reduce leaves the gradients as they
+    are, so the losses match."""
+    backend = "nccl" if check.device.type == "cuda" else "gloo"
+    steps = check.sizes["ddp_steps"]
+    plain, plain_s = loss_curve(check, check.step_model, [check.batch], steps, check.amp)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(backend, init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
+        try:
+            procs = Processes(check.device, distributed=True)
+            ddp, _ = wrap(check.model, check.compile, procs)
+            losses, seconds = loss_curve(check, ddp, [check.batch], len(plain), check.amp, all_mean=procs.mean)
+        finally:
+            dist.destroy_process_group()
+    tokens, gap = check.batch[0].numel(), max(abs(a - b) for a, b in zip(losses, plain))
+    return dict(backend=backend, world_size=1, steps=len(losses), losses=losses, plain_losses=plain, max_abs_diff=gap,
+                tolerance=DDP_TOLERANCE, passed=len(losses) == len(plain) and gap <= DDP_TOLERANCE,
+                tokens_per_s=tokens / seconds, plain_tokens_per_s=tokens / plain_s)
+
+
+GPU_PARTS = {"train": gpu_train, "sdpa": gpu_sdpa, "losses": gpu_losses, "sample": gpu_sample, "ddp": gpu_ddp}
+
+
+def gpu_summary(name, result):
+    """One line for a part's result."""
+    if name == "train":
+        mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a"
+        total = f"{result['peak_total_mib']:,.0f} MiB" if result["peak_total_mib"] is not None else "n/a"
+        return (f"{result['tokens_per_s']:,.0f} tokens/s at B={result['batch_size']} x T={result['block_size']} "
+                f"({result['step_ms']:.1f} ms/step), MFU {mfu}, peak memory {total} "
+                f"({result['peak_step_mib']:,.0f} MiB beyond weights and optimizer state)")
+    if name == "sdpa":
+        return f"training step {', '.join(result['training']) or 'none seen'}; eager {', '.join(result['eager'])}"
+    if name == "losses":
+        verdict = "PASS" if result["passed"] else "FAIL"
+        if not result["complete"]:
+            verdict += " (the deadline stopped it early)"
+        return (f"{verdict}: {result['steps']} steps, bf16 {result['bf16'][0]:.4f} -> {result['bf16'][-1]:.4f}, fp32 "
+                f"{result['fp32'][0]:.4f} -> {result['fp32'][-1]:.4f}; |gap| max {result['max_abs_diff']:.4f} "
+                f"(<= {LOSS_TOLERANCE['max']}), mean {result['mean_abs_diff']:.4f} (<= {LOSS_TOLERANCE['mean']})")
+    if name == "sample":
+        return (f"{result['tokens_per_s_cache']:,.1f} tokens/s with the KV cache, "
+                f"{result['tokens_per_s_recompute']:,.1f} recomputing ({result['speedup']:.1f}x)")
+    verdict = "PASS" if result["passed"] else "FAIL"
+    return (f"{verdict}: {result['backend']}, {result['steps']} steps, losses "
+            f"{', '.join(f'{v:.4f}' for v in result['losses'])}, |gap| to the same steps without DDP "
+            f"{result['max_abs_diff']:.2g} (<= {DDP_TOLERANCE:g}); {result['tokens_per_s']:,.0f} tokens/s")
+
+
+def gpu_section(args, device, sizes):
+    sizes = GPU_SIZES["quick" if args.quick else "full"]
+    deadline = Deadline(args.deadline_s)
+    cfg = compose("experiment=gpt2_owt")
+    model_cfg = replace(cfg.model, vocab_size=sizes["vocab_size"], **sizes["shape"])
+    compile = device.type == "cuda"
+    torch.manual_seed(0)
+    model = GPT(model_cfg).to(device)
+    initial = {name: tensor.cpu().clone() for name, tensor in model.state_dict().items()}  # off the GPU's peak
+    step_model, _ = wrap(model, compile, Processes(device))
+    check = GpuCheck(model, step_model, initial, cfg, device, autocast(device, torch.bfloat16), compile, sizes,
+                     deadline)
+    results = dict(hardware=hardware_name(device), torch=torch.__version__, quick=args.quick,
+                   deadline_s=args.deadline_s, sizes=sizes, skipped=[])
+    out = Path(args.out)
+    print(f"### GPU check: {model_cfg.n_layer}x{model_cfg.n_embd}, T={model_cfg.block_size}, vocab "
+          f"{model_cfg.vocab_size:,}, bf16 autocast{', torch.compile' * compile}, deadline {args.deadline_s:.0f} s\n")
+    for name, part in GPU_PARTS.items():
+        needed = sizes["part_s"].get(name, 0)
+        if not deadline.fits(needed):
+            results["skipped"].append(name)
+            print(f"- {name}: skipped: deadline ({deadline.left():.0f} s left, {needed} s needed)")
+            continue
+        results[name] = part(check)
+        print(f"- {name}: {gpu_summary(name, results[name])}")
+        out.write_text(json.dumps(results, indent=1) + "\n")  # after each part: a killed run keeps what it measured
+    results["seconds"] = args.deadline_s - deadline.left()
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\n{results['seconds']:.0f} s in all; every figure in {out}\n")
+
+
 SECTIONS = {"train": train_section, "sample": sample_section, "attention": attention_section,
             "generate": generate_section, "speedrun": speedrun_section, "ablation": ablation_section,
-            "prepare": prepare_section, "vocab": vocab_section}
+            "prepare": prepare_section, "vocab": vocab_section, "gpu": gpu_section}
 DEFAULT_SECTIONS = "train,sample,attention,generate"  # the whole-run sections take long: ask for them by name
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=DEFAULT_SECTIONS, help=f"comma-separated sections: {', '.join(SECTIONS)}")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes and one round, to check the script runs")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:1 ...")
+    parser.add_argument("--quick", "--smoke", action="store_true",
+                        help="tiny sizes and one round, to check the script runs")
+    parser.add_argument("--device", help="cpu | cuda | cuda:1 ... (default: cuda for the gpu section without "
+                        "--smoke, else cpu)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--levers", type=lambda v: v.split(","), help="ablation: only the levers whose names "
                         "contain one of these comma-separated words (e.g. momentum,bf16), beside the full recipe")
@@ -436,6 +696,9 @@ def main(argv=None):
     parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
     parser.add_argument("--prepare-mb", type=float, default=256, help="prepare's corpus size in MB")
     parser.add_argument("--prepare-rounds", type=int, help="prepare's rounds (default 2, or 1 with --quick)")
+    parser.add_argument("--deadline-s", type=float, default=270, help="gpu: wall-clock seconds for the whole "
+                        "check; a part that would not fit in what is left is skipped and says so (default 270)")
+    parser.add_argument("--out", default="gpu_check.json", help="gpu: where its JSON goes (default gpu_check.json)")
     parser.add_argument("--prepare-workers", type=lambda v: [int(n) for n in v.split(",")], default=[1, 2],
                         help="prepare's worker counts, e.g. 1,2")
     args = parser.parse_args(argv)
@@ -444,10 +707,11 @@ def main(argv=None):
         parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; use {', '.join(SECTIONS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    checking_gpu = "gpu" in args.only.split(",") and not args.quick
     try:
-        device = pick_device(args.device)
+        device = pick_device(args.device or ("cuda" if checking_gpu else "cpu"))
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(f"{e}{'; --smoke runs the gpu check on the CPU at tiny sizes' * checking_gpu}")
     configure(device)
     print(f"## attnlab bench{' (quick)' if args.quick else ''}: {hardware_name(device)}, torch {torch.__version__}\n")
     sizes = QUICK if args.quick else FULL

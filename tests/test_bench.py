@@ -1,4 +1,7 @@
 """scripts/bench.py runs end to end at tiny sizes (no timing assertions: timings belong to the tables, not to tests)."""
+import json
+import math
+
 import pytest
 import torch
 from conftest import words_corpus
@@ -76,3 +79,48 @@ def test_vocab_compares_the_chunked_loss_with_the_plain_one(capsys):
     assert "### GPT-2's vocabulary on a small model" in out
     rows = [line for line in out.splitlines() if line.startswith(("| plain loss", "| chunked loss", "| the head's"))]
     assert len(rows) == 3 and all(len(row.split("|")) == 7 for row in rows)
+
+
+def test_the_gpu_check_smoke_writes_every_figure(tmp_path, capsys):
+    out = tmp_path / "gpu_check.json"
+    bench.main(["--only", "gpu", "--smoke", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["hardware"] == hardware_name(torch.device("cpu")) and results["skipped"] == []
+    train = results["train"]
+    assert train["tokens_per_s"] > 0 and train["peak_step_mib"] > 0 and train["mfu"] is None  # no peak for a CPU
+    assert results["sdpa"]["training"] and results["sdpa"]["training"] == results["sdpa"]["eager"]
+    losses = results["losses"]
+    assert losses["steps"] == len(losses["bf16"]) == len(losses["fp32"]) == bench.GPU_SIZES["quick"]["loss_steps"]
+    assert all(math.isfinite(v) for v in losses["bf16"] + losses["fp32"]) and losses["fp32"][-1] < losses["fp32"][0]
+    assert losses["complete"] and losses["passed"] and 0 <= losses["mean_abs_diff"] <= losses["max_abs_diff"]
+    assert results["sample"]["tokens_per_s_cache"] > 0 and results["sample"]["tokens_per_s_recompute"] > 0
+    ddp = results["ddp"]
+    assert ddp["backend"] == "gloo" and ddp["passed"] and ddp["steps"] == bench.GPU_SIZES["quick"]["ddp_steps"]
+    assert not torch.distributed.is_initialized()  # the 1-process group is torn down
+    out_text = capsys.readouterr().out
+    assert "- losses: PASS" in out_text and "- ddp: PASS" in out_text
+
+
+def test_the_gpu_check_skips_what_the_deadline_leaves_no_time_for(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(bench.GPU_SIZES["quick"], "part_s", {**bench.GPU_SIZES["quick"]["part_s"], "losses": 10**6})
+    out = tmp_path / "gpu_check.json"
+    bench.main(["--only", "gpu", "--smoke", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["skipped"] == ["losses"] and "losses" not in results and "ddp" in results
+    assert "- losses: skipped: deadline" in capsys.readouterr().out
+
+
+def test_the_gpu_check_needs_cuda_unless_smoke(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    with pytest.raises(SystemExit):
+        bench.main(["--only", "gpu"])
+    assert "--smoke runs the gpu check on the CPU" in capsys.readouterr().err
+
+
+def test_a_deadline_fits_what_the_seconds_left_allow():
+    now = [100.0]
+    deadline = bench.Deadline(60, clock=lambda: now[0])
+    assert deadline.fits(60) and not deadline.fits(61)
+    now[0] = 150.0
+    assert deadline.left() == 10 and not deadline.fits(11)
