@@ -7,10 +7,14 @@ Muon for the hidden matrices), the lr schedule (linear warmup, then cosine), one
 """
 import math
 from contextlib import nullcontext
+from functools import partial
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from attnlab.config import TrainConfig
+from attnlab.distributed import local, map_replicated, map_sharded
 from attnlab.runtime import autocast_dtype, native_bf16
 
 
@@ -68,22 +72,33 @@ def make_optimizer(model, t: TrainConfig, device):
 
 def orthogonalize(update, coefficients, steps, eps, dtype):
     """Newton-Schulz's quintic iterations towards the nearest semi-orthogonal matrix, computed in dtype: about U S' V^T
-    with S' in (0.5, 1.5) where U S V^T is the update's SVD; on the short side, so the Gram matrix is the small one."""
+    with S' in (0.5, 1.5) where U S V^T is the update's SVD; on the short side, so the Gram matrix is the small one.
+    update: a matrix, or a stack of same-shape ones (n, rows, cols), each orthogonalised on its own in one batch."""
     a, b, c = coefficients
-    tall = update.size(0) > update.size(1)
-    x = update.to(dtype)
-    x = x.T if tall else x
-    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    tall = update.size(-2) > update.size(-1)
+    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (n, rows, cols): one batched matmul per term
+    x = x.mT if tall else x
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # each one's spectral norm at most 1
     for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    x = x.mT if tall else x
+    return x.reshape(update.shape)
 
 
 class Muon(torch.optim.Optimizer):
     """Muon (Jordan et al. 2024): Nesterov momentum, orthogonalised by Newton-Schulz, and decoupled weight decay.
     torch.optim.Muon's update and state dict at its defaults, with the iterations in ns_dtype: torch's always run in
-    bf16, which a CPU without native bf16 computes slowly (docs/speed.md)."""
+    bf16, which a CPU without native bf16 computes slowly (docs/speed.md).
+
+    The matrices of one shape step together, with one batched Newton-Schulz, rather than some 25 kernels each. In a
+    process group each process orthogonalises 1/world_size of them and shares the results (nanochat's DistMuon):
+    under DDP every process holds every gradient; under FSDP2 each holds dim-0 shards, gathered whole for its share
+    and scattered back, so each shape takes two all-to-alls a step rather than DTensor's dozen collectives a matrix.
+    found_inf and grad_scale are GradScaler's contract, honoured as torch's fused AdamW honours them."""
+
+    found_inf = None  # a tensor on the device; 1 skips the step, read there without a host sync
+    grad_scale = None  # a tensor the gradients are divided by (the loss scale, when not unscaled already)
 
     def __init__(self, params, lr, momentum, weight_decay, ns_dtype):
         # torch's other options at its defaults, as group keys so that checkpoints read alike: Jordan's quintic (the
@@ -100,19 +115,50 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buffer = state["momentum_buffer"]
-                buffer.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buffer, group["momentum"]) if group["nesterov"] else buffer
-                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
+            params = [p for p in group["params"] if p.grad is not None]
+            for shape in dict.fromkeys(p.shape for p in params):  # each shape once, in the group's order
+                self.step_matrices(group, [p for p in params if p.shape == shape])
         return loss
+
+    def step_matrices(self, group, params):
+        """One step of the group's matrices params, all of one shape; on their local shards under FSDP2."""
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+        weights = [local(p) for p in params]
+        grads = [local(p.grad) for p in params]
+        buffers = [local(self.state[p]["momentum_buffer"]) for p in params]
+        if self.grad_scale is not None:
+            grads = torch._foreach_div(grads, self.grad_scale)
+        skip = None
+        if self.found_inf is not None:  # a buffer lerped towards itself stays as it is, and a nan gradient stays out
+            skip = self.found_inf.bool()
+            grads = [torch.where(skip, b, g) for b, g in zip(buffers, grads)]
+        torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
+        updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
+        updates = self.orthogonalized(group, params[0], torch.stack(updates).to(self.ns_dtype))
+        updates = updates.to(weights[0].dtype).unbind(0)
+        rows, cols = params[0].shape  # the whole matrix's, under FSDP2 too
+        decay, step_size = 1 - group["lr"] * group["weight_decay"], -group["lr"] * math.sqrt(max(1, rows / cols))
+        if skip is None:
+            torch._foreach_mul_(weights, decay)
+            torch._foreach_add_(weights, updates, alpha=step_size)
+            return
+        stepped = torch._foreach_mul(weights, decay)  # computed aside, then kept unless the step is skipped
+        torch._foreach_add_(stepped, updates, alpha=step_size)
+        for w, s in zip(weights, stepped):
+            w.copy_(torch.where(skip, w, s))
+
+    def orthogonalized(self, group, p, updates):
+        """updates (n, rows, cols), the momentum updates of n matrices shaped as p (under FSDP2, this process's
+        shards of them), orthogonalised: by this process alone, or 1/world_size of them by each of the group's."""
+        newton_schulz = partial(orthogonalize, coefficients=group["ns_coefficients"], steps=group["ns_steps"],
+                                eps=group["eps"], dtype=self.ns_dtype)
+        if isinstance(p, DTensor):
+            return map_sharded(newton_schulz, updates, p.size(0), p.device_mesh.get_group())
+        if dist.is_initialized() and dist.get_world_size() > 1:  # DDP's: every process holds the same gradients
+            return map_replicated(newton_schulz, updates)
+        return newton_schulz(updates)
 
 
 class Optimizers:
@@ -120,6 +166,18 @@ class Optimizers:
 
     def __init__(self, *optimizers):
         self.optimizers = optimizers
+
+    def __setattr__(self, name, value):
+        if name in ("found_inf", "grad_scale"):  # GradScaler's contract: each optimizer reads them as it steps
+            for o in self.optimizers:
+                setattr(o, name, value)
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if name in ("found_inf", "grad_scale"):
+            for o in self.optimizers:
+                delattr(o, name)
+        super().__delattr__(name)
 
     @property
     def param_groups(self):  # read afresh: load_state_dict replaces each optimizer's group dicts
@@ -141,29 +199,56 @@ class Optimizers:
             o.load_state_dict(state)
 
 
-def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None):
-    """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss
-    (a DDP model all-reduces them on the last micro-batch only; an FSDP one reduce-scatters them after each, so they
-    stay sharded between micro-batches); then, if the loss is finite, clip the gradient norm (of DTensors under FSDP)
-    to grad_clip (0: no clipping) and step. all_mean(loss) averages the loss across processes, so every process takes
-    the same decision. Returns the loss as a float; after a non-finite one no step is taken and the gradients are
-    dropped, and the caller decides whether to go on."""
+def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None,
+               frozen=None):
+    """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss (a
+    DDP or FSDP model syncs them on the last micro-batch only); then clip the gradient norm (of DTensors under FSDP)
+    to grad_clip (0: no clipping) and step, unless the loss is not finite or frozen (a device bool) is True: that
+    step is skipped on the device and its gradients dropped. all_mean(loss) averages the loss across processes, so
+    every process skips alike. Returns the loss as a 0-d tensor on the device: reading it here would make the CPU
+    wait for the device at every step, so the caller reads it when it logs."""
     scaler = scaler or torch.amp.GradScaler(enabled=False)
     step_loss = torch.zeros((), device=batches[0][0].device)
     for i, (x, y) in enumerate(batches):
-        accumulate = i < len(batches) - 1 and hasattr(model, "no_sync")
+        last = i == len(batches) - 1
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce-scatter after the last micro-batch only
+            model.set_requires_gradient_sync(last)
+        accumulate = not last and hasattr(model, "no_sync")  # DDP: all-reduce after the last micro-batch only
         with model.no_sync() if accumulate else nullcontext(), autocast:
             loss = model(x, y)[1] / len(batches)
         scaler.scale(loss).backward()
         step_loss += loss.detach()
     if all_mean is not None:
         step_loss = all_mean(step_loss)
-    loss_value = step_loss.item()
-    if math.isfinite(loss_value):
+    skip = ~step_loss.isfinite()
+    if frozen is not None:
+        skip |= frozen
+    if scaler.is_enabled():  # fp16: GradScaler reads its overflow flag on the host at every step anyway
+        if not skip.item():
+            if grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+    else:
         if grad_clip > 0:
-            scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
+        step_unless(optimizer, skip)
     optimizer.zero_grad(set_to_none=True)
-    return loss_value
+    return step_loss
+
+
+def step_unless(optimizer, skip):
+    """optimizer.step() unless skip (a device bool): decided on the device by optimizers that take GradScaler's
+    found_inf (fused AdamW, Muon), else read on the host."""
+    optimizers = getattr(optimizer, "optimizers", [optimizer])
+    fused = [isinstance(o, Muon) or all(g.get("fused") for g in getattr(o, "param_groups", [{}])) for o in optimizers]
+    if not all(fused):  # a loaded state can turn fused off: its groups' flags decide
+        if not skip.item():
+            optimizer.step()
+        return
+    for o in optimizers:
+        o.found_inf = skip.float()  # fused AdamW's and Muon's kernels leave parameters and state as they were at 1
+    optimizer.step()
+    for o in optimizers:
+        o.found_inf = None
