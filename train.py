@@ -8,7 +8,7 @@
     torchrun --standalone --nproc_per_node=2 train.py train.parallel=fsdp  # FSDP2: each holds 1/2 of the model
 
 Every option and its default is in attnlab/config.py; configs/ holds named presets. `train(cfg)` is the whole
-story in named steps: processes and device, data, model and optimizer (from scratch, from GPT-2 or resumed), the
+story in named steps: the corpus, processes and device, model and optimizer (from scratch, from GPT-2 or resumed), the
 loop, teardown.
 """
 import math
@@ -43,7 +43,7 @@ from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
 from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
-from attnlab.scoring import Tally, byte_counts, full_score
+from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
 
@@ -60,13 +60,11 @@ def micro_steps(cfg, world_size):
     return grad_accum, tokens_per_micro
 
 
-def load_data(cfg, procs: Processes):
-    """Rank 0 prepares the corpus once (or finds it prepared); the others wait, then read it."""
-    if procs.master:
-        data_dir = prepare(cfg.data, cfg.model.block_size)
-    if procs.distributed:
-        dist.barrier()
-        data_dir = prepare(cfg.data, cfg.model.block_size)
+def load_data(cfg):
+    """The corpus, prepared once (or found prepared) and read. Every process calls it before the process group
+    starts: one prepares under the corpus's file lock while the others wait on it, so no collective's timeout (NCCL's
+    10 minutes) runs out during a long preparation."""
+    data_dir = prepare(cfg.data, cfg.model.block_size)
     return load_meta(data_dir), {split: load_split(data_dir, split) for split in ("train", "val")}
 
 
@@ -137,7 +135,7 @@ def build_state(cfg, meta, ckpt, procs):
     model = build_model(model_cfg)
     if pretrained is not None:
         model.load_state_dict(pretrained)
-    model = shard(model.to(procs.device), cfg.train.parallel, procs)
+    model = shard(model.to(procs.device), cfg.train.parallel, procs, autocast_dtype(procs.device, cfg.train.dtype))
     state = TrainingState(model, make_optimizer(model, cfg.train, procs.device))
     if ckpt is not None:
         if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
@@ -208,10 +206,7 @@ def estimate_loss(model, run, full_val=False):
         total = 0.0
         for _ in range(cfg.train.eval_iters):
             x, y = get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, run.counts.device)
-            with run.amp:
-                logits, loss = model(x, y)
-            total += loss.item()
-            tally.add(logits, y, loss)
+            total += score_batch(model, x, y, tally, run.amp).item()
         scores[name] = total / cfg.train.eval_iters, tally.bits_per_byte
     model.train()
     return scores
@@ -315,9 +310,9 @@ def should_checkpoint(it, finished, run):
     return it % interval == 0 and it != run.start_iter
 
 
-def should_log(it, run):
-    """Rank 0 logs every log_interval steps."""
-    return it % run.cfg.logger.log_interval == 0 and run.procs.master
+def is_log_step(it, run):
+    """Every log_interval steps every process reads its losses, and rank 0 logs them."""
+    return it % run.cfg.logger.log_interval == 0
 
 
 def evaluate(run, model, state, lr, final):
@@ -339,18 +334,63 @@ def evaluate(run, model, state, lr, final):
     return val_loss
 
 
-def refuse_nonfinite(loss, run, state):
-    """A non-finite loss ends the run before its optimizer step, unless train.skip_nonfinite skips such steps."""
-    if not math.isfinite(loss) and not run.cfg.train.skip_nonfinite:
-        raise ValueError(f"the loss is {loss} at iter {state.iter}; stopped before its optimizer step, "
+class StepLosses:
+    """The training losses, kept on the device between reads so that no step waits for the device to read its own:
+    the last step's loss, and the steps whose loss was not finite since the last read (their count, the first one's
+    iteration and loss)."""
+
+    def __init__(self, device):
+        self.last = torch.zeros((), device=device)
+        self.nonfinite = torch.zeros((), dtype=torch.long, device=device)
+        self.first_iter = torch.zeros((), dtype=torch.long, device=device)
+        self.first_loss = torch.zeros((), device=device)
+
+    def add(self, loss, it):
+        """Step it's loss, a 0-d tensor on the device."""
+        bad = ~loss.isfinite()
+        first = bad & (self.nonfinite == 0)
+        self.first_iter.masked_fill_(first, it)
+        self.first_loss = torch.where(first, loss, self.first_loss)
+        self.nonfinite += bad
+        self.last = loss
+
+    def frozen(self):
+        """True on the device once a step's loss was not finite: the steps after it are skipped too."""
+        return self.nonfinite > 0
+
+    def read(self):
+        """(the last loss, non-finite steps since the last read, the first one's iteration and loss): one host read."""
+        values = torch.stack([self.last.double(), self.nonfinite.double(), self.first_iter.double(),
+                              self.first_loss.double()]).tolist()
+        self.nonfinite.zero_()
+        return values[0], int(values[1]), int(values[2]), values[3]
+
+
+def read_losses(run, state, losses, speed):
+    """At a log step, and before an evaluation, a checkpoint or a stop: read the losses. A non-finite one ends the run
+    (its step and every one after it were skipped on the device, so the checkpoint stays as it was), unless
+    train.skip_nonfinite counts and logs such steps. Returns the last step's loss."""
+    loss, nonfinite, first_iter, first_loss = losses.read()
+    if nonfinite and not run.cfg.train.skip_nonfinite:
+        raise ValueError(f"the loss is {first_loss} at iter {first_iter}; stopped before its optimizer step, "
                          f"{run.ckpt_path} is left as it was; lower train.learning_rate, or pass "
                          f"train.skip_nonfinite=true to skip such steps")
+    if nonfinite:
+        state.skipped_steps += nonfinite
+        run.run_log.print(f"iter {first_iter}: the loss is {first_loss}; step skipped ({nonfinite} since the last "
+                          f"log, {state.skipped_steps} so far)")
+        run.run_log.log("skip", state.iter, speed.elapsed_s(), skipped_steps=state.skipped_steps)
+    return loss
 
 
-def log_skip(run, state, loss, speed):
-    """A skipped step, logged at the next iter like "log" rows, so that resume trims it alike."""
-    run.run_log.print(f"iter {state.iter - 1}: the loss is {loss}; step skipped ({state.skipped_steps} so far)")
-    run.run_log.log("skip", state.iter, speed.elapsed_s(), skipped_steps=state.skipped_steps)
+def stop_requested(signals, it, run):
+    """The first stop signal any process received, 0 for none. Under torchrun every process must agree, through a
+    collective whose result the CPU waits for: it is read at log steps only."""
+    if not run.procs.distributed:
+        return signals.first()
+    if it % run.cfg.logger.log_interval:
+        return 0
+    return run.procs.max(signals.first())
 
 
 def log_step(run, state, speed, loss, lr):
@@ -383,15 +423,16 @@ def train(cfg: Config, clock=time.time):
     """Train as cfg says; returns a summary of the run. Raises Stopped after a stop signal (its checkpoint saved),
     ValueError for a config or data mistake, OSError when a checkpoint cannot be written. clock: seconds, for the
     time budget, speeds and logs."""
+    # the checkpoint to resume and the corpus, before the process group starts
+    ckpt = existing_checkpoint(cfg)
+    meta, splits = load_data(cfg)
     # setup: processes, device, dtype, gradient accumulation (build_state seeds the weights)
     procs = setup_processes(cfg.train.device)
     dtype = autocast_dtype(procs.device, cfg.train.dtype)
     amp = autocast(procs.device, dtype)
     configure(procs.device)
     grad_accum, tokens_per_micro = micro_steps(cfg, procs.world_size)
-    # data, then the model and optimizer: from scratch, from GPT-2 or resumed
-    ckpt = existing_checkpoint(cfg)
-    meta, splits = load_data(cfg, procs)
+    # the model and optimizer: from scratch, from GPT-2 or resumed
     cfg, state = build_state(cfg, meta, ckpt, procs)
     counts = byte_counts(load_tokenizer(meta), procs.device)
     # compile / DDP wrap, and the run's record
@@ -406,6 +447,7 @@ def train(cfg: Config, clock=time.time):
     finished = False  # the finally records it: a run finished or stopped
     val_loss = None
     stop_signal = 0
+    losses = StepLosses(procs.device)
     try:
         with StopSignals() as signals:
             while True:
@@ -413,24 +455,29 @@ def train(cfg: Config, clock=time.time):
                 seconds = seconds_trained(run, state)
                 finished = is_finished(state.iter, seconds, run)
                 lr = get_lr(state.iter, cfg.train, seconds)
-                if should_evaluate(state.iter, finished, run):
+                evaluating = should_evaluate(state.iter, finished, run)
+                checkpointing = should_checkpoint(state.iter, finished, run)
+                stop_signal = stop_requested(signals, state.iter, run)
+                if evaluating or checkpointing or finished or stop_signal:
+                    read_losses(run, state, losses, speed)  # a non-finite loss ends the run here, before any save
+                if evaluating:
                     val_loss = evaluate(run, eval_model, state, lr=lr, final=finished)
-                if should_checkpoint(state.iter, finished, run):
+                if checkpointing:
                     state.save(run.ckpt_path, cfg, meta, procs.master)
-                stop_signal = procs.max(signals.first())
                 if finished or stop_signal:
                     break
                 set_lr(state.optimizer, lr)
                 batches = micro_batches(splits["train"], state.iter, cfg, procs, grad_accum)
-                loss = train_step(model, state.optimizer, batches, cfg.train.grad_clip, amp, scaler, procs.mean)
-                refuse_nonfinite(loss, run, state)
+                frozen = None if cfg.train.skip_nonfinite else losses.frozen()
+                loss = train_step(model, state.optimizer, batches, cfg.train.grad_clip, amp, scaler, procs.mean,
+                                  frozen)
+                losses.add(loss, state.iter)
                 state.iter += 1
                 run_log.progress.update()
-                if not math.isfinite(loss):
-                    state.skipped_steps += 1
-                    log_skip(run, state, loss, speed)
-                elif should_log(state.iter, run):
-                    log_step(run, state, speed, loss=loss, lr=lr)
+                if is_log_step(state.iter, run):
+                    loss = read_losses(run, state, losses, speed)
+                    if math.isfinite(loss):
+                        log_step(run, state, speed, loss=loss, lr=lr)
     finally:  # also when a signal, a non-finite loss or an error ends the loop
         run_log.close(finished)
     # teardown

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from model import CHUNK_LOGITS, chunks_pay
+
 
 def byte_counts(tokenizer, device):
     """(vocab_size,) the UTF-8 bytes each token id covers, on device: what bits per byte divide by."""
@@ -51,6 +53,27 @@ class Tally:
         return self.text_nats / self.bytes / math.log(2) if self.bytes else math.nan
 
 
+def score_batch(model, x, y, tally, amp=nullcontext()):
+    """Add windows x (B, T) and their targets y to tally, a few rows at a time where a training step's loss would be
+    chunked (model.chunks_pay: a large vocabulary on the CPU); returns their mean loss, a 0-d tensor."""
+    vocab_size = tally.byte_counts.numel()
+    rows = x.size(0)
+    if chunks_pay(x.device, x.numel(), vocab_size):
+        rows = max(1, CHUNK_LOGITS // (x.size(1) * vocab_size))
+    if rows >= x.size(0):
+        with amp:
+            logits, loss = model(x, y)
+        tally.add(logits, y, loss)
+        return loss
+    total = 0.0
+    for x_rows, y_rows in zip(x.split(rows), y.split(rows)):
+        with amp:
+            logits, loss = model(x_rows, y_rows)
+        tally.add(logits, y_rows, loss)
+        total += loss.float() * y_rows.numel()
+    return total / y.numel()
+
+
 @torch.no_grad()
 def score_stream(model, data, batch_size, block_size, byte_counts, amp=nullcontext()):
     """Yields the running Tally after each batch of windows of data (a 1-D array of ids), for a progress bar; the
@@ -64,10 +87,7 @@ def score_stream(model, data, batch_size, block_size, byte_counts, amp=nullconte
     for batch in batches:
         if batch.size(1) < 2:
             continue
-        x, y = batch[:, :-1].to(device), batch[:, 1:].to(device)
-        with amp:
-            logits, loss = model(x, y)
-        tally.add(logits, y, loss)
+        score_batch(model, batch[:, :-1].to(device), batch[:, 1:].to(device), tally, amp)
         yield tally
 
 
