@@ -37,8 +37,8 @@ def pick_device(name):
 def native_bf16(device):
     """Whether device computes bf16 natively: CUDA where supported, a CPU with AVX512-BF16 or AMX. Elsewhere torch
     emulates it, many times slower than fp32 (docs/log.md), so fp32 is the fast choice."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+    if device.type == "cuda":  # emulation (a pre-Ampere GPU) counts as not native: no flash kernel, slow matmuls
+        return torch.cuda.is_bf16_supported(including_emulation=False)
     return device.type == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 

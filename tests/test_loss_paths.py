@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import model as model_module
+from attnlab.scoring import Tally, score_batch
 from model import CHUNKED_LOSS_VOCAB, GPT, GPTConfig, chunks_pay
 
 GPT2 = dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
@@ -88,3 +89,21 @@ def test_fp16_gradients_through_the_chunked_loss_are_as_accurate_as_the_plain_on
     monkeypatch.setattr(model_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
     plain = fp16_gradient_error(model, reference, x, y)
     assert plain < 5e-3 and chunked <= 2 * plain, (chunked, plain)
+
+
+def test_evaluation_scores_a_large_vocabulary_a_few_rows_at_a_time_to_the_same_figures():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=CHUNKED_LOSS_VOCAB, block_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    x, y = torch.randint(0, CHUNKED_LOSS_VOCAB, (2, 6, 64))
+    counts = torch.randint(0, 3, (CHUNKED_LOSS_VOCAB,))
+    calls = []
+    model.register_forward_hook(lambda module, args, out: calls.append(args[0].size(0)))
+    split, whole = Tally(counts), Tally(counts)
+    with torch.no_grad():
+        loss = score_batch(model, x, y, split)
+        logits, reference = model(x, y)
+    whole.add(logits, y, reference)
+    assert calls == [4, 2, 6]  # 2^21 logits a piece: 4 rows of 64 x 8,192, then the rest; then the reference's
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-6)
+    assert split.loss == pytest.approx(whole.loss, abs=1e-6)
+    assert split.bits_per_byte == pytest.approx(whole.bits_per_byte, abs=1e-6)

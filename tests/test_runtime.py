@@ -138,3 +138,10 @@ def test_cuda_peak_is_the_table_entry_for_this_gpu():
     name = torch.cuda.get_device_name(torch.device("cuda"))
     listed = next((flops for key, flops in runtime.PEAK_FLOPS if key in name), None)
     assert runtime.peak_flops(torch.device("cuda")) == listed
+
+
+def test_a_gpu_that_emulates_bf16_does_not_count_as_native(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(
+        including_emulation) or including_emulation)  # a pre-Ampere GPU: bf16 only through emulation
+    assert not runtime.native_bf16(torch.device("cuda")) and asked == [False]
