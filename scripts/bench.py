@@ -427,12 +427,13 @@ def vocab_section(args, device, sizes):
 # gpu: GPT-2 124M's shape with nanoGPT's vocabulary, 50,257 padded to a multiple of 64, so figures compare with its;
 # batch_size per step; warmup (compilation) and timed steps; loss_steps of bf16 against fp32 over loss_batches seeded
 # batches taken in turn, so the loss falls as the model learns them; new_tokens sampled after a prompt of random
-# tokens; ddp_steps through DDP; part_s, the seconds each part after the first needs, checked against the deadline
+# tokens; ddp_steps through DDP; compile, torch.compile the training step; part_s, the seconds each part after the
+# first needs, checked against the deadline
 GPU_SIZES = dict(
     full=dict(shape={}, vocab_size=50304, batch_size=16, warmup=3, steps=20, loss_steps=50, loss_batches=4, prompt=256,
-              new_tokens=256, ddp_steps=5, part_s=dict(sdpa=10, losses=60, sample=30, ddp=60)),
+              new_tokens=256, ddp_steps=5, compile=True, part_s=dict(sdpa=10, losses=60, sample=30, ddp=60)),
     quick=dict(shape=dict(n_layer=2, n_head=2, n_embd=64, block_size=64), vocab_size=50304, batch_size=4, warmup=1,
-               steps=2, loss_steps=5, loss_batches=2, prompt=8, new_tokens=8, ddp_steps=3,
+               steps=2, loss_steps=5, loss_batches=2, prompt=8, new_tokens=8, ddp_steps=3, compile=False,
                part_s=dict(sdpa=1, losses=1, sample=1, ddp=1)),
 )
 # The check's constant AdamW learning rate, half the recipe's peak: at the peak without its warmup the loss oscillates
@@ -488,12 +489,12 @@ def full_fp32(device):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def sdpa_kernels(model, x, amp):
+def sdpa_kernels(model, batch, amp):
     """The attention kernels one training forward of model runs, by their aten names (flash_attention,
     efficient_attention, cudnn_attention, attention_math, flash_attention_for_cpu, ...)."""
     activities = [torch.profiler.ProfilerActivity.CPU]  # each kernel runs under an aten op, a CPU event
     with torch.profiler.profile(activities=activities) as prof, amp:
-        model(x, x)
+        model(*batch)
     prefix = "aten::_scaled_dot_product_"
     return sorted({e.key.removeprefix(prefix) for e in prof.key_averages() if e.key.startswith(prefix)})
 
@@ -562,8 +563,9 @@ def gpu_train(check):
 
 def gpu_sdpa(check):
     """The attention kernels of the step training runs (compiled where compile is on) and of the plain model."""
-    x = check.batch[0]  # the whole batch: another shape would make the compiled model compile again
-    return dict(training=sdpa_kernels(check.step_model, x, check.amp), eager=sdpa_kernels(check.model, x, check.amp))
+    batch = check.batch  # the step's own inputs: another shape, or x passed as its own targets, compiles again
+    return dict(training=sdpa_kernels(check.step_model, batch, check.amp),
+                eager=sdpa_kernels(check.model, batch, check.amp))
 
 
 def gpu_losses(check):
@@ -653,7 +655,7 @@ def gpu_section(args, device, sizes):
     deadline = Deadline(args.deadline_s)
     cfg = compose("experiment=gpt2_owt", f"train.learning_rate={LOSS_LR}")
     model_cfg = replace(cfg.model, vocab_size=sizes["vocab_size"], **sizes["shape"])
-    compile = device.type == "cuda"
+    compile = sizes["compile"]
     torch.manual_seed(0)
     model = GPT(model_cfg).to(device)
     initial = {name: tensor.cpu().clone() for name, tensor in model.state_dict().items()}  # off the GPU's peak
@@ -711,10 +713,13 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     checking_gpu = "gpu" in args.only.split(",") and not args.quick
+    smoke_hint = "; --smoke runs the gpu check on the CPU at tiny sizes" if checking_gpu else ""
     try:
         device = pick_device(args.device or ("cuda" if checking_gpu else "cpu"))
     except ValueError as e:
-        parser.error(f"{e}{'; --smoke runs the gpu check on the CPU at tiny sizes' * checking_gpu}")
+        parser.error(f"{e}{smoke_hint}")
+    if checking_gpu and device.type != "cuda":  # GPT-2 124M's steps would take hours, past any deadline
+        parser.error(f"the gpu check needs a CUDA device, not {device}{smoke_hint}")
     configure(device)
     print(f"## attnlab bench{' (quick)' if args.quick else ''}: {hardware_name(device)}, torch {torch.__version__}\n")
     sizes = QUICK if args.quick else FULL

@@ -124,3 +124,16 @@ def test_a_deadline_fits_what_the_seconds_left_allow():
     assert deadline.fits(60) and not deadline.fits(61)
     now[0] = 150.0
     assert deadline.left() == 10 and not deadline.fits(11)
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_compiled_step_compiles_once(tmp_path, monkeypatch):
+    """The CUDA run's path on the CPU: the compiled step is also what the SDPA profile, the bf16 losses and DDP call,
+    and a second compilation of GPT-2 would cost a GPU run a minute of its deadline."""
+    torch._dynamo.reset()  # other tests' compiled models are not this one's first compilation
+    monkeypatch.setitem(bench.GPU_SIZES["quick"], "compile", True)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    out = tmp_path / "gpu_check.json"
+    bench.main(["--only", "gpu", "--smoke", "--out", str(out)])
+    results = json.loads(out.read_text())
+    assert results["train"]["compile"] and results["losses"]["passed"] and results["ddp"]["passed"]
