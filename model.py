@@ -83,8 +83,8 @@ def lm_loss(logits, targets, attention_mask=None):
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
 
 
-# From this vocabulary on, a CPU training step's loss is computed in chunks of rows (ChunkedLinearCrossEntropy): in host
-# memory the fp32 (B·T, vocab) tensors of the plain path cost more in page faults than the chunks' extra passes
+# From this vocabulary on, a CPU training step's loss is computed in chunks of rows (linear_cross_entropy_chunks): in
+# host memory the fp32 (B·T, vocab) tensors of the plain path cost more in page faults than the chunks' extra passes
 CHUNKED_LOSS_VOCAB = 8192
 CHUNK_LOGITS = 2 ** 21  # logits per chunk (rows x vocab), 8 MB in fp32: small enough for malloc to reuse, not remap
 # On a GPU the plain loss (fused by torch.compile) is several times faster; chunks only where its fp32 logits would
@@ -104,52 +104,61 @@ def chunks_pay(device, rows, vocab_size):
     return False  # mps, meta: the plain path
 
 
-class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """The mean cross-entropy of the logits h @ weightᵀ against targets (-1 ignored), without ever holding all of
+@torch.library.custom_op("attnlab::linear_cross_entropy_chunks", mutates_args=())
+def linear_cross_entropy_chunks(h: torch.Tensor, weight: torch.Tensor,
+                                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The summed cross-entropy of the logits h @ weightᵀ against targets (-1 ignored), without ever holding all of
     them: each chunk of rows makes its logits, its loss and its gradients, then frees the logits (as Liger-Kernel's
-    fused linear cross-entropy). The gradients are computed in the forward pass; backward scales them. grad_h is kept
-    per row, not yet divided by the count of targets: in fp16, 1/count of it would underflow before a GradScaler's
-    scale reaches it in backward."""
-
-    @staticmethod
-    def forward(ctx, h, weight, targets):
-        # h (N, C) in the compute dtype, weight (V, C), targets (N,)
-        w = weight.to(h.dtype)  # as autocast casts a linear layer's weight
-        rows = max(1, CHUNK_LOGITS // weight.size(0))
-        count = (targets != -1).sum().clamp(min=1)  # real targets: the mean's denominator
-        loss = torch.zeros((), device=h.device)
-        grad_h = torch.empty_like(h)  # (N, C) d(sum of the row losses)/dh
-        grad_w = torch.zeros(weight.shape, device=h.device)  # (V, C), fp32 for the sum over chunks
-        for start in range(0, h.size(0), rows):
-            h_chunk = h[start:start + rows]  # (n, C)
-            t_chunk = targets[start:start + rows]  # (n,)
-            real = t_chunk != -1  # (n,)
-            safe = t_chunk.clamp(min=0)  # (n,) an index for every row; ignored rows are zeroed below
-            logits = (h_chunk @ w.T).float()  # (n, V)
-            lse = logits.logsumexp(-1)  # (n,)
-            loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * real).sum()
-            probs = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
-            probs[torch.arange(probs.size(0), device=h.device), safe] -= 1.0  # d(loss)/d(logits): softmax - onehot
-            probs *= real[:, None]  # ignored rows take no gradient
-            grad_h[start:start + rows] = probs.to(h.dtype) @ w  # (n, C)
-            grad_w.addmm_(probs.T, h_chunk.float())  # (V, C)
-        ctx.save_for_backward(grad_h, grad_w, count)
-        ctx.weight_dtype = weight.dtype
-        return loss / count
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_w, count = ctx.saved_tensors
-        scale = grad_loss / count  # fp32: the mean's 1/count times the loss's gradient (a GradScaler's scale)
-        return (grad_h.float() * scale).to(grad_h.dtype), (grad_w * scale).to(ctx.weight_dtype), None
+    fused linear cross-entropy). Returns (the sum, its gradients for h and weight, the count of real targets). An
+    operator of its own, so torch.compile keeps it as one node instead of unrolling the loop."""
+    # h (N, C) in the compute dtype, weight (V, C), targets (N,)
+    w = weight.to(h.dtype)  # as autocast casts a linear layer's weight
+    rows = max(1, CHUNK_LOGITS // weight.size(0))
+    loss = torch.zeros((), device=h.device)
+    grad_h = torch.empty_like(h)  # (N, C) kept in h's dtype per row: 1/count of it would underflow in fp16
+    grad_w = torch.zeros(weight.shape, device=h.device)  # (V, C), fp32 for the sum over chunks
+    for start in range(0, h.size(0), rows):
+        h_chunk = h[start:start + rows]  # (n, C)
+        t_chunk = targets[start:start + rows]  # (n,)
+        real = t_chunk != -1  # (n,)
+        safe = t_chunk.clamp(min=0)  # (n,) an index for every row; ignored rows are zeroed below
+        logits = (h_chunk @ w.T).float()  # (n, V)
+        lse = logits.logsumexp(-1)  # (n,)
+        loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * real).sum()
+        probs = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
+        probs[torch.arange(probs.size(0), device=h.device), safe] -= 1.0  # d(loss)/d(logits): softmax - onehot
+        probs *= real[:, None]  # ignored rows take no gradient
+        grad_h[start:start + rows] = probs.to(h.dtype) @ w  # (n, C)
+        grad_w.addmm_(probs.T, h_chunk.float())  # (V, C)
+    return loss, grad_h, grad_w, (targets != -1).sum()
 
 
-@torch.compiler.disable  # dynamo would unroll the chunk loop into thousands of nodes; it runs eagerly instead
+@linear_cross_entropy_chunks.register_fake
+def _(h, weight, targets):  # the outputs' shapes, for torch.compile and the meta device
+    return h.new_empty(()).float(), torch.empty_like(h), weight.new_empty(weight.shape).float(), targets.new_empty(())
+
+
+def _save_gradients(ctx, inputs, output):
+    _, grad_h, grad_w, _ = output
+    ctx.save_for_backward(grad_h, grad_w)
+    ctx.weight_dtype = inputs[1].dtype
+
+
+def _scale_gradients(ctx, grad_loss, *_):
+    grad_h, grad_w = ctx.saved_tensors
+    return (grad_h.float() * grad_loss).to(grad_h.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
+
+
+# backward scales the gradients the forward computed by the sum's gradient (1/count, times a GradScaler's scale)
+linear_cross_entropy_chunks.register_autograd(_scale_gradients, setup_context=_save_gradients)
+
+
 def chunked_lm_loss(h, weight, targets, attention_mask=None):
     """lm_loss of the logits h @ weightᵀ, h (B, T, C), in chunks of rows: for a large vocabulary's training step."""
     if attention_mask is not None:
         targets = targets.masked_fill(~attention_mask.bool(), -1)
-    return ChunkedLinearCrossEntropy.apply(h.flatten(0, 1), weight, targets.reshape(-1))
+    loss, _, _, count = linear_cross_entropy_chunks(h.flatten(0, 1), weight, targets.reshape(-1))
+    return loss / count.clamp(min=1)
 
 
 class RMSNorm(nn.RMSNorm):

@@ -9,12 +9,12 @@ numbering one process's own state_dict() gives, so a checkpoint written under FS
 under DDP or one process, and one written there resumes under FSDP.
 """
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from attnlab.runtime import pick_device
@@ -117,7 +117,14 @@ def is_sharded(model):
 
 def local(tensor):
     """This process's part of tensor: a DTensor's local shard (FSDP2's), which in-place ops update, or the tensor."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+def is_dtensor(tensor):
+    """Whether tensor is a DTensor (FSDP2's shards), without importing DTensor's module, which pulls in FSDP's: a
+    process that never imported it holds none."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def map_replicated(fn, matrices):

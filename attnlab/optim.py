@@ -11,10 +11,9 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from attnlab.config import TrainConfig
-from attnlab.distributed import local, map_replicated, map_sharded
+from attnlab.distributed import is_dtensor, local, map_replicated, map_sharded
 from attnlab.runtime import autocast_dtype, native_bf16
 
 
@@ -154,7 +153,7 @@ class Muon(torch.optim.Optimizer):
         shards of them), orthogonalised: by this process alone, or 1/world_size of them by each of the group's."""
         newton_schulz = partial(orthogonalize, coefficients=group["ns_coefficients"], steps=group["ns_steps"],
                                 eps=group["eps"], dtype=self.ns_dtype)
-        if isinstance(p, DTensor):
+        if is_dtensor(p):
             return map_sharded(newton_schulz, updates, p.size(0), p.device_mesh.get_group())
         if dist.is_initialized() and dist.get_world_size() > 1:  # DDP's: every process holds the same gradients
             return map_replicated(newton_schulz, updates)

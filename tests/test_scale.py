@@ -14,11 +14,12 @@ from conftest import WORDS, run_in_process, run_script
 from data.corpus import load_meta, load_split
 from data.tokenizers import GPT2Tokenizer
 
-# GPT-2's recipe shrunk to seconds: its data, tokenizer, schedule and logging, with a toy model on the CPU
+# GPT-2's recipe shrunk to seconds: its data, tokenizer, schedule and logging, with a toy model on the CPU; a toy
+# corpus holds out a tenth, where OpenWebText's 0.05% is millions of tokens
 TOY = ["experiment=gpt2_owt", "model.n_layer=1", "model.n_head=2", "model.n_embd=16", "model.block_size=32",
        "train.device=cpu", "train.compile=false", "train.dtype=float32", "train.batch_size=2",
        "train.tokens_per_step=128", "train.max_iters=4", "train.eval_interval=2", "train.eval_iters=1",
-       "train.warmup_iters=1", "logger.log_interval=1"]
+       "train.warmup_iters=1", "logger.log_interval=1", "data.val_fraction=0.1"]
 
 
 def documents(n, seed):

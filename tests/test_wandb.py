@@ -26,8 +26,9 @@ def wandb_env(tmp_path, monkeypatch):
     monkeypatch.setenv("NETRC", str(home / ".netrc"))  # absent: no `wandb login` key
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / ".config" / "wandb"))
     monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # wandb keeps its settings in the process: start from none, whatever ran before
     yield
-    wandb.teardown()  # wandb keeps its settings in the process; the next test starts afresh
+    wandb.teardown()
 
 
 def train_with_wandb(tmp_path, *overrides):
