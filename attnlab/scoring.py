@@ -53,24 +53,35 @@ class Tally:
         return self.text_nats / self.bytes / math.log(2) if self.bytes else math.nan
 
 
+# logits in one scored piece: its logits and two log-softmaxes of them (the model's loss, the tally's) live at once,
+# and half a training step's chunk keeps the three where the allocator reuses memory instead of faulting it in anew
+EVAL_LOGITS = CHUNK_LOGITS // 2
+
+
 def score_batch(model, x, y, tally, amp=nullcontext()):
-    """Add windows x (B, T) and their targets y to tally, a few rows at a time where a training step's loss would be
-    chunked (model.chunks_pay: a large vocabulary on the CPU); returns their mean loss, a 0-d tensor."""
+    """Add windows x (B, T) and their targets y to tally; returns their mean loss, a 0-d tensor. Where a training
+    step's loss would be chunked (model.chunks_pay: a large vocabulary on the CPU), in pieces of at most EVAL_LOGITS
+    logits: a few rows at a time, and a long row a few tokens at a time through the model's cache, so that no piece
+    outgrows the allocator's reuse (the whole (B·T, vocab) logits page-fault in and out at every batch)."""
     vocab_size = tally.byte_counts.numel()
-    rows = x.size(0)
-    if chunks_pay(x.device, x.numel(), vocab_size):
-        rows = max(1, CHUNK_LOGITS // (x.size(1) * vocab_size))
-    if rows >= x.size(0):
+    if not chunks_pay(x.device, x.numel(), vocab_size):
         with amp:
             logits, loss = model(x, y)
         tally.add(logits, y, loss)
         return loss
+    rows = max(1, EVAL_LOGITS // (x.size(1) * vocab_size))
+    tokens = max(1, EVAL_LOGITS // (rows * vocab_size))
     total = 0.0
-    for x_rows, y_rows in zip(x.split(rows), y.split(rows)):
-        with amp:
-            logits, loss = model(x_rows, y_rows)
-        tally.add(logits, y_rows, loss)
-        total += loss.float() * y_rows.numel()
+    with amp:
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+        for x_rows, y_rows in zip(x.split(rows), y.split(rows)):
+            cache = None
+            if tokens < x.size(1):
+                cache = model.new_cache(x_rows.size(0), x.device, dtype or next(model.parameters()).dtype)
+            for x_piece, y_piece in zip(x_rows.split(tokens, 1), y_rows.split(tokens, 1)):
+                logits, loss = model(x_piece, y_piece, cache=cache)
+                tally.add(logits, y_piece, loss)
+                total += loss.float() * y_piece.numel()
     return total / y.numel()
 
 
