@@ -11,7 +11,7 @@ Status: finished, running, stopped (a signal), failed (an error), killed (its pr
 import argparse
 from pathlib import Path
 
-from attnlab.record import compare_runs
+from attnlab.compare import compare_runs
 
 
 def main(argv=None):

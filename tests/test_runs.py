@@ -1,4 +1,4 @@
-"""scripts/runs.py and attnlab/record.py's comparison of runs: the table (only the config keys that differ, best final
+"""scripts/runs.py and attnlab/compare.py's comparison of runs: the table (only the config keys that differ, best final
 val loss first, crashed, running and empty folders shown as such), the status a run records, and the table a sweep
 prints at its end."""
 import json
@@ -15,19 +15,10 @@ from conftest import TINY, data_overrides, run_in_process, tiny_config
 from omegaconf import OmegaConf
 
 import scripts.runs as runs_cli
+from attnlab.compare import SweepSummary, compare_runs, find_runs, runs_table, short_value, summarize
 from attnlab.config import flatten
 from attnlab.distributed import Processes
-from attnlab.record import (
-    RunLog,
-    SweepSummary,
-    compare_runs,
-    find_runs,
-    read_metrics,
-    run_status,
-    runs_table,
-    short_value,
-    summarize,
-)
+from attnlab.record import RunLog, read_metrics, run_status
 from train import train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
