@@ -14,7 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import load_model
-from attnlab.config import CONFIG_DIR, SampleConfig, one_line_errors, register_configs, run_cli
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import CONFIG_DIR, SampleConfig, register_configs
 from attnlab.decode import generate_stream
 from attnlab.hf import from_hf
 from attnlab.runtime import autocast, autocast_dtype, pick_device

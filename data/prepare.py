@@ -6,7 +6,8 @@
 """
 import sys
 
-from attnlab.config import compose, one_line_errors, run_cli
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import compose
 from data.corpus import load_meta, prepare
 
 

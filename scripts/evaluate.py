@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from attnlab.checkpoint import load_model
-from attnlab.config import CONFIG_DIR, DataConfig, EvalConfig, one_line_errors, register_configs, run_cli
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import CONFIG_DIR, DataConfig, EvalConfig, register_configs
 from attnlab.runtime import autocast, autocast_dtype, pick_device
 from attnlab.scoring import byte_counts, score_stream
 from data.corpus import decode_utf8, load_meta, load_split, prepare

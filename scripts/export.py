@@ -13,7 +13,8 @@ import hydra
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import load_model
-from attnlab.config import CONFIG_DIR, ExportConfig, one_line_errors, register_configs, run_cli
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import CONFIG_DIR, ExportConfig, register_configs
 from attnlab.hf import to_hf
 from data.tokenizers import load_tokenizer
 

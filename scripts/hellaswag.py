@@ -35,7 +35,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from attnlab.checkpoint import load_model
-from attnlab.config import CONFIG_DIR, HellaSwagConfig, one_line_errors, register_configs, run_cli
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import CONFIG_DIR, HellaSwagConfig, register_configs
 from attnlab.hf import from_hf
 from attnlab.runtime import autocast, autocast_dtype, pick_device
 from data.tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer

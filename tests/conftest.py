@@ -17,14 +17,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attnlab.config import (  # noqa: E402, F401  (compose: for tests)
-    Config,
-    DataConfig,
-    ModelConfig,
-    TrainConfig,
-    compose,
-    run_cli,  # noqa: E402
-)
+from attnlab.cli import run_cli  # noqa: E402
+from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
 from train import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

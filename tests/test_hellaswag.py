@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers")
 from test_hf import scramble  # noqa: E402
 
 from attnlab.checkpoint import build_model, load_model, save_checkpoint  # noqa: E402
-from attnlab.config import HellaSwagConfig, ModelConfig, one_line_errors  # noqa: E402
+from attnlab.cli import one_line_errors  # noqa: E402
+from attnlab.config import HellaSwagConfig, ModelConfig  # noqa: E402
 from attnlab.hf import GPT2_ARCH, to_hf  # noqa: E402
 from data.tokenizers import CharTokenizer, GPT2Tokenizer, load_tokenizer  # noqa: E402
 from scripts.hellaswag import DEFAULT_PATH, PROTOCOL, hellaswag, read_examples, score_examples  # noqa: E402

@@ -14,7 +14,7 @@ import scripts.report.__main__
 import scripts.report.gpu
 import scripts.runs
 import train
-from attnlab.config import run_cli
+from attnlab.cli import run_cli
 
 # command: (its main, what its help must say)
 HYDRA_COMMANDS = {

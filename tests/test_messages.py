@@ -6,7 +6,8 @@ from hydra.errors import MissingConfigException
 
 import data.tokenizers as tokenizers
 from attnlab.checkpoint import build_model
-from attnlab.config import ModelConfig, hydra_error_line, run_cli
+from attnlab.cli import hydra_error_line, run_cli
+from attnlab.config import ModelConfig
 from attnlab.hf import to_hf
 
 

@@ -13,7 +13,7 @@ from conftest import REPO, words_corpus
 from hydra.core.global_hydra import GlobalHydra
 
 import train as train_module
-from attnlab.config import run_cli
+from attnlab.cli import run_cli
 from attnlab.record import read_metrics
 
 FIXTURE = REPO / "tests" / "fixtures" / "v0"
