@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 from tqdm import tqdm
 
-from attnlab.config import DataConfig
 from data.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 DOCUMENT_SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet")
@@ -54,8 +53,9 @@ def load_split(folder, split) -> np.memmap:
     return np.memmap(Path(folder) / f"{split}.bin", dtype=load_meta(folder)["dtype"], mode="r")
 
 
-def prepare(cfg: DataConfig, block_size: int) -> Path:
-    """Tokenize the corpus into Path(cfg.dir)/<name>-<tokenizer>-<source hash> once; reuse it while it is current."""
+def prepare(cfg, block_size: int) -> Path:
+    """Tokenize the corpus into Path(cfg.dir)/<name>-<tokenizer>-<source hash> once; reuse it while it is current.
+    cfg: the config's data section (attnlab/config.py's DataConfig), taken as it comes so data/ imports no attnlab."""
     source, files = _locate(cfg)
     identity = source + (f"|bpe_vocab_size={cfg.bpe_vocab_size}" if cfg.tokenizer == "bpe" else "")
     folder = Path(cfg.dir) / f"{cfg.name}-{cfg.tokenizer}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"

@@ -1,6 +1,6 @@
 """The layout shows the design: the top level holds the card's entries, entry points import shared modules and never
-each other, the import graph has no cycle (function-local imports included), and lazy imports are for optional
-dependencies and sharding only."""
+each other, the import graph has no cycle (function-local imports included), no import climbs a floor (data/ into
+attnlab/), and lazy imports are for optional dependencies and sharding only."""
 import ast
 import re
 import subprocess
@@ -72,6 +72,14 @@ def test_the_import_graph_has_no_cycle():
 
     for name in graph:
         visit(name, [])
+
+
+def test_no_import_climbs_a_floor():
+    # the corpora are a floor below the shared library: its modules read them, their command (data.prepare) uses both
+    climbing = [(name, imported) for name, tree in project_modules().items()
+                if name.startswith("data.") and name not in ENTRY_POINTS
+                for imported, _ in imports(tree) if imported.split(".")[0] == "attnlab"]
+    assert not climbing
 
 
 def test_lazy_imports_are_for_optional_dependencies_and_sharding_only():
