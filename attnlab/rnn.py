@@ -61,9 +61,9 @@ class RNN(nn.Module):
         self.rnn = recurrent(config.n_embd, config.n_embd, config.n_layer, batch_first=True,
                              dropout=config.dropout if config.n_layer > 1 else 0.0)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # the cells read the embedding unnormalised, so it keeps PyTorch's unit scale N(0, 1): at GPT's 0.02 an LSTM
-        # sat at chance on recall for hundreds of steps. A tied matrix also makes the logits: U(±0.1) as in
-        # AWD-LSTM (Merity et al. 2018)
+        # the cells read the embedding unnormalised, so it keeps PyTorch's unit scale N(0, 1): GPT's 0.02 stalls an
+        # LSTM at chance on recall (docs/log.md). A tied matrix also makes the logits: U(±0.1) as in AWD-LSTM
+        # (Merity et al. 2018)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=0.02)
         if config.tie_weights:
             self.lm_head.weight = self.wte.weight
@@ -120,7 +120,7 @@ class RNN(nn.Module):
 
     def _step(self, x, state):
         """One token x (B, C) through every layer with the single-step cell kernels. On CPU the fused nn.LSTM repacks
-        its weights on every call: ~25x slower for the one-token steps of decoding (scripts/report, generation)."""
+        its weights on every call, which dominates a one-token step of decoding (docs/log.md)."""
         lstm = self.config.type == "lstm"
         if state is None:
             zeros = x.new_zeros(self.config.n_layer, x.size(0), self.config.n_embd)  # (L, B, C)

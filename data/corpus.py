@@ -34,7 +34,7 @@ from tqdm import tqdm
 from data.tokenizers import BPETokenizer, CharTokenizer, GPT2Tokenizer, load_tokenizer
 
 DOCUMENT_SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".parquet")
-STDLIB_BYTES = 3_500_000  # enough for ~5 minutes of char-level training on 2 CPU cores without much overfitting
+STDLIB_BYTES = 3_500_000  # enough that a few minutes of char-level training on a CPU overfits little
 DOWNLOAD_TIMEOUT_S = 30
 READ_BYTES = 1 << 20  # a text file is read this much at a time
 TASK_CHARS = 1 << 20  # a worker tokenizes about this many characters at a time

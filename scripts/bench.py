@@ -1,7 +1,7 @@
 """Benchmarks: training throughput, sampling with and without the KV cache, attention time and memory, whole
 training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparation.
 
-    python -m scripts.bench                          # train, sample, attention, generate (about 8 minutes on 2 cores)
+    python -m scripts.bench                          # train, sample, attention, generate (docs/speed.md)
     python -m scripts.bench --only train,attention   # some of the sections: train, sample, attention, generate
     python -m scripts.bench --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 11 minutes
     python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, one at a time

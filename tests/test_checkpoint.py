@@ -28,8 +28,8 @@ EXPECTED = json.loads((FIXTURE / "expected.json").read_text())
 # the defaults that the fixture's run took and that have changed since (the defaults' dtype, auto, is fp32 there)
 V0_DEFAULTS = ["model.norm=layernorm", "model.mlp=gelu", "model.qk_norm=false", "train.optimizer=adamw",
                "train.dtype=float32"]
-# the CPU kernels that repeat the fixture's arithmetic bit for bit (seen on EPYC Zen 3s); torch's AVX512 kernels (an
-# AMX Xeon) round differently, within the tolerance below
+# the CPU kernels the fixture was made with, so they repeat its arithmetic bit for bit; torch's AVX512 kernels round
+# differently, within the tolerance below
 EXACT_CAPABILITY = "AVX2"
 SMALL = ModelConfig(vocab_size=10, block_size=8, n_layer=1, n_head=1, n_embd=8)
 

@@ -200,7 +200,7 @@ def test_a_muon_step_takes_one_or_two_collectives_per_shape_not_a_dozen_per_matr
     assert len(matrices) == 12 and len(shapes) == 4
     # each rank orthogonalises 1/world_size of each shape's matrices: DDP all-gathers the results; FSDP2 gathers its
     # share's shards into whole matrices and sends each rank its shards back, two all-to-alls (DTensor's own
-    # redistribution took 13.5 collectives a matrix, 162 a step here)
+    # redistribution costs many collectives a matrix: docs/scale.md)
     assert comm.get_comm_counts() == {collective: per_shape * len(shapes)}
 
 

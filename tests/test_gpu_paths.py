@@ -37,7 +37,7 @@ def fixed_batch():
     return tokens[:, :-1], tokens[:, 1:]
 
 
-@pytest.mark.slow  # inductor's first compile takes about a minute on 2 cores; its cache makes reruns seconds
+@pytest.mark.slow  # inductor's first compile is slow on a CPU; its cache makes reruns fast
 def test_a_compiled_run_checkpoints_plain_names_resumes_like_an_eager_run_and_samples(tmp_path):
     # a constant lr, so 4 steps resumed to 6 are a straight 6-step run
     flat = dict(dtype="float32", max_iters=6, eval_interval=2, eval_iters=1, warmup_iters=0, learning_rate=3e-3,

@@ -1,6 +1,6 @@
 """The recipe at scale, end to end at toy size: experiment=gpt2_owt from a folder of .parquet and .jsonl.gz documents
 (the form FineWeb and OpenWebText dumps come in) through `python -m data.prepare`, torchrun (2 processes, gloo) and
-sample.py. The tokens are each document's own GPT-2 tokens followed by <|endoftext|>. A minute on 2 CPU cores."""
+sample.py. The tokens are each document's own GPT-2 tokens followed by <|endoftext|>. Slow: a real torchrun."""
 import gzip
 import json
 import random
