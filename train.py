@@ -12,10 +12,9 @@ story in named steps: the corpus, processes and device, model and optimizer (fro
 loop, teardown.
 """
 import math
-import os
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -23,25 +22,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from attnlab.checkpoint import build_model, check_same_model, load_checkpoint, save_checkpoint
-from attnlab.config import (
-    CONFIG_DIR,
-    Config,
-    ModelConfig,
-    flatten,
-    one_line_errors,
-    register_configs,
-    resume_config,
-    run_cli,
-)
-from attnlab.distributed import Processes, full_state_dicts, load_full_state_dicts, setup_processes, shard, wrap
+from attnlab.checkpoint import TrainingState, build_model, load_checkpoint
+from attnlab.cli import one_line_errors, run_cli
+from attnlab.config import CONFIG_DIR, Config, ModelConfig, register_configs
+from attnlab.distributed import Processes, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
+from attnlab.resume import check_resumable, checkpoint_to_resume, resumed_config
 from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
 from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
@@ -68,17 +59,6 @@ def load_data(cfg):
     return load_meta(data_dir), {split: load_split(data_dir, split) for split in ("train", "val")}
 
 
-def existing_checkpoint(cfg):
-    """The checkpoint to resume, None for a fresh run; refuses to start afresh over a checkpoint."""
-    path = Path(cfg.out_dir) / "ckpt.pt"
-    if path.exists() and not cfg.train.resume:
-        raise ValueError(f"{cfg.out_dir} already holds a checkpoint; pass train.resume=true to continue it, or a new "
-                         f"out_dir=... (nothing is overwritten)")
-    if cfg.train.resume and not path.exists():
-        raise FileNotFoundError(f"train.resume=true but {path} does not exist; train without resume first")
-    return load_checkpoint(path) if cfg.train.resume else None
-
-
 def model_config(cfg, meta, ckpt):
     """The model this run trains, and GPT-2's weights when it starts from them: a resumed fine-tune keeps its
     checkpoint's model, init_from takes GPT-2's, else cfg.model sized to the corpus's vocabulary."""
@@ -87,43 +67,6 @@ def model_config(cfg, meta, ckpt):
     if cfg.train.init_from:
         return pretrained_gpt2(cfg.train.init_from, cfg.model, meta)
     return replace(cfg.model, vocab_size=meta["vocab_size"]), None
-
-
-@dataclass
-class TrainingState:
-    """What a checkpoint holds that training changes; it saves and loads as one."""
-    model: torch.nn.Module  # uncompiled, not DDP-wrapped (under FSDP, sharded in place), so its names are plain
-    optimizer: object
-    iter: int = 0
-    best_val_loss: float = math.inf
-    elapsed_s: float = 0.0  # seconds trained, a resumed run's earlier ones included
-    skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
-    wandb_id: str | None = None  # the wandb run this training run logs to, so that a resumed run continues it
-
-    def save(self, path, cfg, meta, master=True):
-        """Every process calls it (under FSDP each holds a shard of the state, gathered here); master writes."""
-        model_state, optimizer_state = full_state_dicts(self.model, self.optimizer)
-        if not master:
-            return
-        device = next(self.model.parameters()).device
-        save_checkpoint(path, {
-            "model": model_state, "optimizer": optimizer_state,
-            "model_config": asdict(cfg.model), "config": asdict(cfg), "meta": meta, "iter": self.iter,
-            "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
-            "wandb_id": self.wandb_id, "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
-
-    def load(self, ckpt):
-        load_full_state_dicts(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
-        self.iter = ckpt["iter"]
-        self.best_val_loss = ckpt["best_val_loss"]
-        self.elapsed_s = ckpt["elapsed_s"]
-        self.skipped_steps = ckpt.get("skipped_steps", 0)
-        self.wandb_id = ckpt.get("wandb_id")
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        device = next(self.model.parameters()).device
-        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
 
 
 def build_state(cfg, meta, ckpt, procs):
@@ -138,14 +81,7 @@ def build_state(cfg, meta, ckpt, procs):
     model = shard(model.to(procs.device), cfg.train.parallel, procs, autocast_dtype(procs.device, cfg.train.dtype))
     state = TrainingState(model, make_optimizer(model, cfg.train, procs.device))
     if ckpt is not None:
-        if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
-            raise ValueError(f"checkpoint in {cfg.out_dir} used another tokenizer or vocabulary than data="
-                             f"{cfg.data.name}; resume with the run's original data settings")
-        check_same_model(ckpt["model_config"], model_cfg, cfg.out_dir)
-        saved = ckpt.get("config", {}).get("train", {}).get("optimizer", cfg.train.optimizer)
-        if saved != cfg.train.optimizer:
-            raise ValueError(f"checkpoint in {cfg.out_dir} was trained with train.optimizer={saved}, not "
-                             f"{cfg.train.optimizer}; resume with train.optimizer={saved}")
+        check_resumable(ckpt, cfg, meta)
         state.load(ckpt)
     return cfg, state
 
@@ -419,12 +355,12 @@ def teardown(run, state):
         dist.destroy_process_group()
 
 
-def train(cfg: Config, clock=time.time):
+def train(cfg: Config, clock=time.time, ckpt=None):
     """Train as cfg says; returns a summary of the run. Raises Stopped after a stop signal (its checkpoint saved),
     ValueError for a config or data mistake, OSError when a checkpoint cannot be written. clock: seconds, for the
-    time budget, speeds and logs."""
+    time budget, speeds and logs; ckpt: the checkpoint to resume, where the caller read it already."""
     # the checkpoint to resume and the corpus, before the process group starts
-    ckpt = existing_checkpoint(cfg)
+    ckpt = checkpoint_to_resume(cfg, ckpt)
     meta, splits = load_data(cfg)
     # setup: processes, device, dtype, gradient accumulation (build_state seeds the weights)
     procs = setup_processes(cfg.train.device)
@@ -489,31 +425,6 @@ def train(cfg: Config, clock=time.time):
             "skipped_steps": state.skipped_steps, "out_dir": cfg.out_dir}
 
 
-def keys_given(overrides, dict_cfg):
-    """The config keys a command line sets: each key=value, and each key that a preset chosen with group=option
-    changes (against the same command line without the presets)."""
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    keys = {o.key_or_group for o in parsed if not o.key_or_group.startswith("hydra") and not o.is_delete()}
-    groups = {key for key in keys if (CONFIG_DIR / key).is_dir()}
-    if not groups:
-        return keys
-    plain = [text for text, o in zip(overrides, parsed) if o.key_or_group not in groups]
-    without = flatten(OmegaConf.to_container(hydra.compose(config_name="config", overrides=plain), resolve=True))
-    asked = flatten(OmegaConf.to_container(dict_cfg, resolve=True))
-    return (keys - groups) | {key for key, value in asked.items() if without.get(key) != value}
-
-
-def resumed_config(dict_cfg, ckpt_path, overrides):
-    """Resume means the run's saved config plus only what this command line says (attnlab.config.resume_config)."""
-    saved = load_checkpoint(ckpt_path).get("config", {})
-    asked = OmegaConf.to_container(dict_cfg, resolve=True)
-    cfg, changed = resume_config(saved, asked, keys_given(overrides, dict_cfg))
-    if changed and int(os.environ.get("RANK", "0")) == 0:
-        changes = ", ".join(f"{key}={new!r} (was {old!r})" for key, (old, new) in changed.items())
-        print(f"resuming {cfg.out_dir} with {changes}")
-    return cfg
-
-
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")
 @one_line_errors
 def main(dict_cfg):
@@ -523,12 +434,14 @@ def main(dict_cfg):
     if hydra_cfg.mode == RunMode.MULTIRUN and dict_cfg.logger.wandb_group is None:
         dict_cfg.logger.wandb_group = Path(hydra_cfg.sweep.dir).name  # a sweep's jobs side by side in wandb
     ckpt_path = Path(dict_cfg.out_dir) / "ckpt.pt"
-    if dict_cfg.train.resume and ckpt_path.exists():
-        cfg = resumed_config(dict_cfg, ckpt_path, hydra_cfg.overrides.task)
+    ckpt = None
+    if dict_cfg.train.resume and ckpt_path.exists():  # read once: its config here, its state in train()
+        ckpt = load_checkpoint(ckpt_path)
+        cfg = resumed_config(dict_cfg, ckpt, hydra_cfg.overrides.task)
     else:
         cfg = OmegaConf.to_object(dict_cfg)
     try:
-        return train(cfg)["val_loss"]
+        return train(cfg, ckpt=ckpt)["val_loss"]
     except Stopped as stopped:  # the exit status a shell reports for a process that signum ended
         raise SystemExit(128 + stopped.signum) from None
 

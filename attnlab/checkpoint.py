@@ -1,22 +1,62 @@
 """Checkpoints: plain data written atomically, loaded with weights_only=True, and the model rebuilt from one.
 
-A checkpoint is a dict: the unwrapped model's state dict, the optimizer's, the model config (config.ModelConfig as a
-dict), the whole run config, the corpus's meta.json, the iteration, best val loss, elapsed seconds, skipped steps and
-RNG states; FORMAT numbers its layout. train.py writes them; sample.py, scripts/export.py and scripts/report read them.
+What a checkpoint holds is TrainingState's to say: its fields, and what save() writes beside them (the model config,
+the whole run config, the corpus's meta.json, the RNG states); FORMAT numbers that layout. train.py writes them;
+sample.py, scripts/export.py and scripts/report read them.
 """
+import math
 import os
 import re
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from attnlab.config import ModelConfig
+from attnlab.distributed import full_state_dicts, load_full_state_dicts
 from attnlab.rnn import RNN
 from model import GPT
 
-FORMAT = 1  # the layout above; files from before the number existed (format 0) hold the same keys
+FORMAT = 1  # TrainingState.save's layout; files from before the number existed (format 0) hold the same keys
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint holds that training changes; it saves and loads as one. save() writes these fields with the
+    model config, the whole run config, the corpus's meta.json and the RNG states beside them."""
+    model: torch.nn.Module  # uncompiled, not DDP-wrapped (under FSDP, sharded in place), so its names are plain
+    optimizer: object
+    iter: int = 0
+    best_val_loss: float = math.inf
+    elapsed_s: float = 0.0  # seconds trained, a resumed run's earlier ones included
+    skipped_steps: int = 0  # steps skipped for a non-finite loss (train.skip_nonfinite)
+    wandb_id: str | None = None  # the wandb run this training run logs to, so that a resumed run continues it
+
+    def save(self, path, cfg, meta, master=True):
+        """Every process calls it (under FSDP each holds a shard of the state, gathered here); master writes."""
+        model_state, optimizer_state = full_state_dicts(self.model, self.optimizer)
+        if not master:
+            return
+        device = next(self.model.parameters()).device
+        save_checkpoint(path, {
+            "model": model_state, "optimizer": optimizer_state,
+            "model_config": asdict(cfg.model), "config": asdict(cfg), "meta": meta, "iter": self.iter,
+            "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed_s, "skipped_steps": self.skipped_steps,
+            "wandb_id": self.wandb_id, "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}})
+
+    def load(self, ckpt):
+        load_full_state_dicts(self.model, self.optimizer, ckpt["model"], ckpt["optimizer"])
+        self.iter = ckpt["iter"]
+        self.best_val_loss = ckpt["best_val_loss"]
+        self.elapsed_s = ckpt["elapsed_s"]
+        self.skipped_steps = ckpt.get("skipped_steps", 0)
+        self.wandb_id = ckpt.get("wandb_id")
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        device = next(self.model.parameters()).device
+        if device.type == "cuda" and ckpt["rng"]["cuda"] is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
 
 
 def build_model(model_cfg: ModelConfig | dict):

@@ -2,22 +2,16 @@
 which ModelConfig extends, since model.py stays free of any config framework).
 
 Hydra composes `configs/` (named presets per group) on top of these dataclasses, so a misspelt key or a
-value of the wrong type fails at start-up, in one line (`run_cli`); each dataclass checks its own values in
+value of the wrong type fails at start-up, in one line (attnlab/cli.py); each dataclass checks its own values in
 `__post_init__`. `train.py`, `sample.py` and `scripts/evaluate.py` receive plain dataclasses; `compose(...)` gives the
 same ones to scripts and tests.
 """
-import functools
-import os
-import re
-import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from attnlab.decode import check_sampling
 from attnlab.rnn import RNNConfig
@@ -230,11 +224,6 @@ class HellaSwagConfig(RuntimeConfig):
                 "init_from=gpt2")
 
 
-# keys a resumed run cannot change: the model's shape and kind, the corpus's tokens, the optimizer's state
-FROZEN_ON_RESUME = ("model.", "data.name", "data.tokenizer", "data.bpe_vocab_size", "data.text_field",
-                    "data.val_fraction", "train.optimizer", "train.init_from")
-
-
 def flatten(tree, prefix=""):
     """{"model": {"n_layer": 2}} as {"model.n_layer": 2}, the spelling of a command-line override."""
     out = {}
@@ -244,39 +233,6 @@ def flatten(tree, prefix=""):
         else:
             out[prefix + key] = value
     return out
-
-
-def nested(flat_dict):
-    out = {}
-    for key, value in flat_dict.items():
-        *groups, name = key.split(".")
-        node = out
-        for group in groups:
-            node = node.setdefault(group, {})
-        node[name] = value
-    return out
-
-
-def resume_config(saved: dict, asked: dict, given: set[str]) -> tuple[Config, dict]:
-    """What a resumed run continues with: its saved config (a key it lacks takes today's default; one today's schema
-    lacks is dropped), plus the keys given on the command line now. A given key that cannot change mid-run and differs
-    is refused, naming each one with its saved and asked value. Returns the config and {key: (saved, now)} for every
-    key that changed."""
-    saved_flat = {**flatten(asdict(Config())), **flatten(saved)}
-    asked_flat = flatten(asked)
-    values = {key: saved_flat[key] for key in asked_flat}
-    values["out_dir"] = asked_flat["out_dir"]
-    values["train.resume"] = True
-    changed = {key: (values[key], asked_flat[key]) for key in sorted(given & asked_flat.keys())
-               if asked_flat[key] != values[key] and key not in ("out_dir", "train.resume")}
-    frozen = [f"{key}={old!r} vs {new!r}" for key, (old, new) in changed.items() if key.startswith(FROZEN_ON_RESUME)]
-    if frozen:
-        raise ValueError(f"{values['out_dir']} was trained with other values of keys a run cannot change mid-way "
-                         f"(saved vs now): {', '.join(frozen)}; drop those overrides to resume, or train anew in "
-                         f"another out_dir")
-    values.update({key: new for key, (_, new) in changed.items()})
-    merged = OmegaConf.merge(OmegaConf.structured(Config), nested(values))
-    return OmegaConf.to_object(merged), changed
 
 
 def register_configs():
@@ -294,54 +250,3 @@ def compose(*overrides, config_name="config"):
     register_configs()
     with hydra.initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return OmegaConf.to_object(hydra.compose(config_name=config_name, overrides=list(overrides)))
-
-
-def run_cli(hydra_main, help_script=None):
-    """Run a @hydra.main entry point. A mistake on the command line (an unknown key, a value of the wrong type, a
-    missing preset) is reported like every other mistake: one line naming the fix, exit status 2. The fix points at
-    `python <help_script> --help` (the running script by default)."""
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"  # the user asked for Hydra's complete stack trace
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # makes Hydra raise its errors to us instead of printing several lines
-    try:
-        hydra_main()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error:
-            raise
-        print(f"error: {hydra_error_line(e, help_script or Path(sys.argv[0]).name)}", file=sys.stderr)
-        sys.exit(2)
-    except RuntimeError as e:  # submitit's Slurm launcher started where no Slurm is
-        if full_error or "slurm" not in str(e).lower():
-            raise
-        print(f"error: hydra/launcher=slurm found no Slurm here ({str(e).splitlines()[0]}); run the sweep on the "
-              f"cluster's login node, or pass hydra/launcher=submitit_local to run its jobs on this machine",
-              file=sys.stderr)
-        sys.exit(2)
-
-
-def one_line_errors(task):
-    """For an entry point's task function: a mistake the program finds (ValueError; OSError, such as a missing file or
-    a full disk) ends it in one line, `error: ...`, and exit status 2. Caught inside the task, since Hydra adds lines
-    of its own to an error that leaves one."""
-    @functools.wraps(task)
-    def run(*args, **kwargs):
-        try:
-            return task(*args, **kwargs)
-        except (ValueError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    return run
-
-
-def hydra_error_line(e, help_script):
-    """First lines only of Hydra's message and of the OmegaConf error behind it, then the fix: Hydra's own advice
-    (append a key with +key=value, the config search path) does not help here."""
-    message = str(e).splitlines()[0].rstrip(".")
-    if isinstance(e, MissingConfigException) and re.search(r"hydra/(sweeper|launcher)/", message):
-        return f"{message}: Hydra's sweep plugins are not installed; pip install -e '.[sweeps]'"
-    if isinstance(e, MissingConfigException) and e.options:
-        return f"{message}; the choices are {', '.join(e.options)}"
-    if isinstance(e, OverrideParseException):
-        return f"{message}; quote a value holding spaces or symbols: 'key=\"a value\"'"
-    if isinstance(e.__cause__, OmegaConfBaseException):
-        message += f": {str(e.__cause__).splitlines()[0]}"
-    return f"{message}; python {help_script} --help lists every key, its default and the presets"

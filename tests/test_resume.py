@@ -55,10 +55,14 @@ def stopped_run(tmp_path, monkeypatch, one_thread, capsys):
     return tmp_path / "run", tmp_path / "straight"
 
 
-def test_resume_alone_continues_as_a_straight_run(stopped_run, capsys):
+def test_resume_alone_continues_as_a_straight_run_reading_its_checkpoint_once(stopped_run, capsys, monkeypatch):
     run, straight = stopped_run
     assert f"continue with train.resume=true out_dir={run}" in capsys.readouterr().out
+    real_load, reads = torch.load, []
+    monkeypatch.setattr(torch, "load", lambda f, *a, **kw: reads.append(str(f)) or real_load(f, *a, **kw))
     assert cli("train.resume=true", f"out_dir={run}") == 0  # the stop message's command, as printed
+    assert reads.count(str(run / "ckpt.pt")) == 1  # for its config and its state alike
+    monkeypatch.undo()
     resumed = torch.load(run / "ckpt.pt", weights_only=True)
     expected = torch.load(straight / "ckpt.pt", weights_only=True)
     assert resumed["iter"] == 8 and resumed["model_config"] == expected["model_config"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import TINY, FakeClock, data_overrides, run_in_process, tiny_config
 
+import attnlab.checkpoint as checkpoint_module
 import train as train_module
 from attnlab.checkpoint import load_checkpoint, load_model
 from attnlab.config import ModelConfig
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def crash_then_resume(cfg, monkeypatch, crash_at_save):
     """Train cfg until its crash_at_save-th ckpt.pt is on disk, crash there as a killed process would, then resume
     it to the end; returns the iteration the resumed run started from."""
-    real_save, saved = train_module.save_checkpoint, []
+    real_save, saved = checkpoint_module.save_checkpoint, []
 
     def save_then_crash(path, state):
         real_save(path, state)
@@ -35,10 +36,10 @@ def crash_then_resume(cfg, monkeypatch, crash_at_save):
         if saved.count("ckpt.pt") == crash_at_save:
             raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train(cfg)
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", real_save)
     resumed_from = load_checkpoint(Path(cfg.out_dir) / "ckpt.pt")["iter"]
     train(replace(cfg, train=replace(cfg.train, resume=True)))
     return resumed_from
