@@ -135,10 +135,6 @@ class BPETokenizer(TiktokenTokenizer):
                              for token, rank in trainer.get_mergeable_ranks())
         return cls(ranks_text, trainer.get_pattern())
 
-    def save(self, path):
-        """Write the ranks as a .tiktoken file, the format tiktoken.load.load_tiktoken_bpe reads."""
-        Path(path).write_text(self.ranks_text)
-
     def spec(self):
         return {"type": "bpe", "pattern": self.pattern, "ranks": self.ranks_text, "vocab_size": self.vocab_size}
 
