@@ -291,9 +291,12 @@ class KVCache:
     p % slots. A windowed model's cache has only `window` slots, a ring of the keys its queries can still see, so
     its memory stays constant however many tokens are generated. Keys are stored after RoPE: slot order is free.
 
-    One forward pass of T new tokens, at sequence indices length .. length + T - 1: attention_keys (before the
-    layers: what the mask and the positions need), update (in each layer: store its keys and values, get those its
-    queries see), advance (after the layers: count the tokens as held)."""
+    A forward pass of T new tokens, at sequence indices length .. length + T - 1, calls update_mask before the layers
+    (keep their padding flags, get the keys they see for the mask and the positions), update in each layer (store
+    its keys and values, get those its queries see) and advance after them (count the tokens as held). One token
+    (decoding) is stored in its slot first and then read with the filled slots (token_keys, update_token); several
+    are read after the filled slots and stored last, since storing them first could overwrite keys they see
+    (tokens_keys, update_tokens)."""
 
     def __init__(self, config, batch_size, max_len, device, dtype):
         self.batch_size = batch_size
@@ -304,103 +307,102 @@ class KVCache:
         self.k = torch.empty(shape, device=device, dtype=dtype)  # only filled slots are ever read
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.layers = [(self.k[i], self.v[i]) for i in range(config.n_layer)]  # views made once: fewer ops per token
-        self.key_mask = torch.empty(batch_size, self.slots, dtype=torch.bool, device=device)  # False at padding
-        self.pads = torch.empty(batch_size, 1, dtype=torch.long, device=device)  # padding tokens so far
         self.nbytes = self.k.nbytes + self.v.nbytes  # constant: every slot is allocated here
         self.clear()
 
     def clear(self):
-        """Forget every token, keeping the memory (generation refills the cache when its context is full)."""
-        self.key_mask.fill_(True)
-        self.pads.zero_()
-        self.masking = False  # True once a call needed a mask (padding, a continuation): every later call builds one
+        """Forget every token, keeping the keys' and values' memory (generation refills the cache when its context is
+        full)."""
         self.length = 0  # tokens held: sequence indices 0 .. length - 1
+        # (B, slots) False at padding and (B, 1) padding tokens so far, kept from the first call that needs a mask:
+        # from then on every call builds one from them
+        self.key_mask = None
+        self.pads = None
 
     def needs_mask(self, T, real=None):
-        """Whether T new tokens, real (B, T) False at padding, need a mask. Plain causal attention serves one token
-        (it sees every slot read) and a first call (its queries see each other only); padding, or several tokens
-        continuing the cache, need one, and so does every call after one that did."""
-        if real is not None or self.masking:
+        """Whether T new tokens, real (B, T) False at padding, need a mask: padding among them, several tokens
+        continuing the cache, or padding flags kept since an earlier call. Plain causal attention serves a first call
+        (its queries see each other only) and one token after unmasked ones (it sees every slot read)."""
+        if real is not None or self.key_mask is not None:
             return True
         return T > 1 and self.length > 0
 
-    def slots_read(self, T):
-        """How many slots T new tokens read. One token is written first, then read with the filled slots (each holds
-        the latest index congruent to it); several read the filled slots and their own keys, then are written,
-        since writing first could overwrite keys they see."""
-        if T == 1:
-            return min(self.length + 1, self.slots)
-        return min(self.length, self.slots)
+    def held_positions(self, held):
+        """(min(held, slots),): the sequence index each filled slot holds while the cache holds `held` tokens, the
+        latest one congruent to it."""
+        newest = held - 1
+        slot = torch.arange(min(held, self.slots), device=self.k.device)
+        return newest - (newest - slot) % self.slots
 
-    def slot_positions(self, T):
-        """(read,): the sequence index each slot read by T new tokens holds when it is read."""
-        newest = self.length - 1  # the newest token in the slots
-        if T == 1:
-            newest = self.length  # written before it is read
-        slot = torch.arange(self.slots_read(T), device=self.key_mask.device)
-        return newest - (newest - slot) % self.slots  # the latest index congruent to each slot
-
-    def attention_keys(self, query_pos, real=None):
-        """The keys that new tokens at sequence indices query_pos (T,), real (B, T) False at padding, attend to; None
-        where plain causal attention serves. Reads the cache as the layers will find it and changes nothing."""
+    def update_mask(self, query_pos, real=None):
+        """Before the layers: keep the padding flags of T new tokens at sequence indices query_pos (T,), real (B, T)
+        False at padding (None: all real), and return the keys they see (AttentionKeys); None where plain causal
+        attention serves."""
         T = query_pos.size(0)
         if not self.needs_mask(T, real):
             return None
         if real is None:
             real = query_pos.new_ones(self.batch_size, T, dtype=torch.bool)
-        stored_pos = self.slot_positions(T)  # (read,)
-        stored_real = self.key_mask[:, :stored_pos.size(0)]  # (B, read)
-        pads = self.pads + (~real).cumsum(1)  # (B, T)
-        if T == 1:  # its slot is among those read: show the new token's flag there
-            stored_real = stored_real.clone()
-            stored_real[:, self.length % self.slots] = real[:, 0]
-            return AttentionKeys(pos=stored_pos, real=stored_real, pads=pads)
+        if self.key_mask is None:  # the first call that needs a mask: every token held so far is real
+            self.key_mask = real.new_ones(self.batch_size, self.slots)
+            self.pads = query_pos.new_zeros(self.batch_size, 1)
+        pads = self.pads + (~real).cumsum(1)  # (B, T) padding in each row up to and including each token
+        self.pads = pads[:, -1:]  # (B, 1)
+        if T == 1:
+            return self.token_keys(real, pads)
+        return self.tokens_keys(query_pos, real, pads)
+
+    def token_keys(self, real, pads):
+        """The keys one new token sees: its flag stored in its slot, then every filled slot, its own among them."""
+        self.key_mask[:, self.length % self.slots] = real[:, 0]
+        key_pos = self.held_positions(self.length + 1)  # (read,)
+        key_real = self.key_mask[:, :key_pos.size(0)].clone()  # (B, read)
+        return AttentionKeys(pos=key_pos, real=key_real, pads=pads)
+
+    def tokens_keys(self, query_pos, real, pads):
+        """The keys several new tokens see: the filled slots, then their own; of more than `slots` tokens only the
+        last `slots` flags are stored."""
+        stored_pos = self.held_positions(self.length)  # (read,)
         key_pos = torch.cat([stored_pos, query_pos])  # (read + T,)
-        key_real = torch.cat([stored_real, real], 1)  # (B, read + T)
+        key_real = torch.cat([self.key_mask[:, :stored_pos.size(0)], real], 1)  # (B, read + T)
+        slot = query_pos[-self.slots:] % self.slots  # the last `slots` tokens' slots
+        self.key_mask[:, slot] = real[:, -self.slots:]
         return AttentionKeys(pos=key_pos, real=key_real, pads=pads)
 
     def get_layer_cache(self, layer):
         """One layer's key and value slots, each (B, n_kv_head, slots, hs)."""
         return self.layers[layer]
 
-    def write(self, stored, new):
-        """Write new keys or values (B, n_kv_head, T, hs), from sequence index length on, into stored's slots: index
-        p in slot p % slots; of more than `slots` new tokens only the last `slots` are kept."""
-        T = new.size(2)
-        if T == 1:  # decoding: one copy into its slot
-            stored.narrow(2, self.length % self.slots, 1).copy_(new)
-            return
-        kept = torch.arange(self.length, self.length + T, device=new.device)[-self.slots:]  # their sequence indices
-        stored.index_copy_(2, kept % self.slots, new[:, :, -self.slots:])
-
     def update(self, layer, k, v):
-        """Store one layer's new keys and values k, v (B, n_kv_head, T, hs); return the keys and values its T queries
-        see, each (B, n_kv_head, S, hs) in the order of attention_keys."""
+        """In each layer: store its new keys and values k, v (B, n_kv_head, T, hs); return the keys and values its T
+        queries see, each (B, n_kv_head, S, hs) in the order of update_mask's keys."""
+        if k.size(2) == 1:
+            return self.update_token(layer, k, v)
+        return self.update_tokens(layer, k, v)
+
+    def update_token(self, layer, k, v):
+        """One token: one copy into its slot, then every filled slot read, its own among them."""
         keys, values = self.get_layer_cache(layer)
-        T = k.size(2)
-        read = self.slots_read(T)
-        if T == 1:
-            self.write(keys, k)
-            self.write(values, v)
-            return keys.narrow(2, 0, read), values.narrow(2, 0, read)
+        slot = self.length % self.slots
+        keys.narrow(2, slot, 1).copy_(k)
+        values.narrow(2, slot, 1).copy_(v)
+        read = min(self.length + 1, self.slots)
+        return keys.narrow(2, 0, read), values.narrow(2, 0, read)
+
+    def update_tokens(self, layer, k, v):
+        """Several tokens: the filled slots, then their own keys and values, stored after they are read (index p in
+        slot p % slots; of more than `slots` tokens only the last `slots` are kept)."""
+        keys, values = self.get_layer_cache(layer)
+        read = min(self.length, self.slots)
         seen_keys = torch.cat([keys.narrow(2, 0, read), k], 2)  # (B, nkv, read + T, hs)
         seen_values = torch.cat([values.narrow(2, 0, read), v], 2)  # (B, nkv, read + T, hs)
-        self.write(keys, k)
-        self.write(values, v)
+        kept = torch.arange(self.length, self.length + k.size(2), device=k.device)[-self.slots:]  # sequence indices
+        keys.index_copy_(2, kept % self.slots, k[:, :, -self.slots:])
+        values.index_copy_(2, kept % self.slots, v[:, :, -self.slots:])
         return seen_keys, seen_values
 
-    def advance(self, query_pos, real=None):
-        """Count the new tokens at query_pos (T,) as held, once every layer has stored them; where they needed a mask,
-        keep their padding flags in their slots and the padding so far, which later masks and positions read."""
-        T = query_pos.size(0)
-        if self.needs_mask(T, real):
-            slot = query_pos[-self.slots:] % self.slots  # the last `slots` tokens' slots
-            if real is None:  # every new token is real
-                self.key_mask[:, slot] = True
-            else:
-                self.key_mask[:, slot] = real[:, -self.slots:]
-                self.pads += (~real).sum(1, keepdim=True)
-            self.masking = True
+    def advance(self, T):
+        """After the layers: count the T new tokens as held."""
         self.length += T
 
 
@@ -424,7 +426,9 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(config.head_size) if config.qk_norm else nn.Identity()
 
-    def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
+    def forward(self, x, rope=None, mask=None, cache=None, maps=None):
+        """x (B, T, C); returns (B, T, C). maps, a list, gets this layer's attention weights (B, nh, T, S) appended,
+        computed by the plain formula."""
         B, T, C = x.size()  # batch size, sequence length, embedding width (n_embd)
         q, k, v = self.c_attn(x).split([self.n_embd, self.kv_embd, self.kv_embd], dim=2)
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
@@ -442,17 +446,17 @@ class CausalSelfAttention(nn.Module):
         is_causal = mask is None and T > 1
         banded = is_causal and 0 < self.window < T  # a band narrower than T (padding: a full mask instead)
         dropout_p = self.dropout if self.training else 0.0
-        weights = None
-        if self.backend == "manual" or return_weights:
+        if self.backend == "manual" or maps is not None:
             y, weights = manual_attention(q, k, v, mask, is_causal, dropout_p, self.window)
+            if maps is not None:
+                maps.append(weights)
         elif banded:  # O(T·W) by chunks
             y = banded_attention(q, k, v, self.window, dropout_p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                                enable_gqa=self.gqa)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, nh·hs): heads side by side
-        y = self.resid_dropout(self.c_proj(y))
-        return y, weights
+        return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
@@ -481,11 +485,10 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x, rope=None, mask=None, cache=None, return_weights=False):
-        a, weights = self.attn(self.ln_1(x), rope, mask, cache, return_weights)
-        x = x + a
+    def forward(self, x, rope=None, mask=None, cache=None, maps=None):
+        x = x + self.attn(self.ln_1(x), rope, mask, cache, maps)
         x = x + self.mlp(self.ln_2(x))
-        return x, weights
+        return x
 
 
 class GPT(nn.Module):
@@ -551,19 +554,19 @@ class GPT(nn.Module):
 
     def attention_keys(self, query_pos, real, cache):
         """The keys that tokens at sequence indices query_pos (T,), real (B, T) False at padding (or None), attend
-        to, for the mask and the positions; None where plain causal attention serves and positions are indices."""
+        to, for the mask and the positions; None where plain causal attention serves and positions are indices. A
+        cache keeps the tokens' padding flags here."""
         if cache is not None:
-            return cache.attention_keys(query_pos, real)
+            return cache.update_mask(query_pos, real)
         if real is None:
             return None
         return AttentionKeys(pos=query_pos, real=real, pads=(~real).cumsum(1))
 
-    def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False,
-                return_weights=False):
+    def forward(self, idx, targets=None, attention_mask=None, cache=None, last_logits_only=False, maps=None):
         """idx (B, T) token ids; attention_mask (B, T) True at real tokens (left padding); cache a KVCache
-        continued from its filled positions. Returns logits (B, T, vocab), and the mean loss over real
-        target positions (None without targets); with return_weights also each layer's (B, nh, T, S). A training
-        step of a large vocabulary returns logits None (chunked_loss)."""
+        continued from its filled positions; maps a list that gets each layer's attention weights (B, nh, T, S)
+        appended (attention_maps). Returns logits (B, T, vocab) and the mean loss over real target positions (None
+        without targets). A training step of a large vocabulary returns logits None (chunked_loss)."""
         T = idx.size(1)
         start = 0
         if cache is not None:
@@ -591,32 +594,30 @@ class GPT(nn.Module):
             sin = self.rope_sin[positions][:, None]  # (B|1, 1, T, hs)
             rope = (cos, sin)
         x = self.transformer.drop(x)
-        all_weights = []
         for block in self.transformer.h:
-            x, weights = block(x, rope, mask, cache, return_weights)
-            all_weights.append(weights)
+            x = block(x, rope, mask, cache, maps)
         if cache is not None:
-            cache.advance(query_pos, real)
+            cache.advance(T)
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C): only the next token's logits
         x = self.transformer.ln_f(x)
-        if self.chunked_loss(x, targets, return_weights):  # a large vocabulary's CPU training step: no logits
+        if self.chunked_loss(x, targets):  # a large vocabulary's CPU training step: no logits
             return None, chunked_lm_loss(x, self.lm_head.weight, targets, attention_mask)
         logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = lm_loss(logits, targets, attention_mask)
-        if return_weights:
-            return logits, loss, all_weights
         return logits, loss
 
-    def chunked_loss(self, x, targets, return_weights):
+    def chunked_loss(self, x, targets):
         """Whether forward computes its loss in chunks and returns no logits: a training step (targets, gradients on)
         whose (B·T, vocab) logits chunks_pay says are better never held, for x (B, T, C) on its device."""
-        training_step = targets is not None and torch.is_grad_enabled() and not return_weights
+        training_step = targets is not None and torch.is_grad_enabled()
         return training_step and chunks_pay(x.device, x.size(0) * x.size(1), self.config.vocab_size)
 
     @torch.no_grad()
     def attention_maps(self, idx, attention_mask=None):
         """Each layer's attention weights (B, n_head, T, T), computed by the plain reference path."""
-        return self(idx, attention_mask=attention_mask, return_weights=True)[2]
+        maps = []
+        self(idx, attention_mask=attention_mask, maps=maps)
+        return maps

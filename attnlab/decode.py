@@ -40,6 +40,23 @@ def sample_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)
 
 
+def needs_refill(cache, window):
+    """Whether the next step reads its context whole rather than one token through the cache: always without a
+    cache; with one, when it is empty (the prompt) or holds a full window (a model without one never fills)."""
+    return cache is None or cache.length in (0, window)
+
+
+def refill_start(end, window, cache):
+    """Where the context read whole before token `end` starts: the last `window` tokens, or when a full cache is
+    rebuilt, its last window // 2, which leaves room for window // 2 steps before the next rebuild."""
+    if window is None:
+        return 0
+    keep = window
+    if cache is not None and cache.length == window:
+        keep = window // 2
+    return max(0, end - keep)
+
+
 @torch.inference_mode()  # no autograd bookkeeping at all: cheaper per operation than no_grad
 def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, stop_tokens=None,
                     generator=None, attention_mask=None, kv_cache=True):
@@ -65,19 +82,23 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
         mask = torch.cat([attention_mask.bool(), attention_mask.new_ones(B, max_new_tokens, dtype=torch.bool)], 1)
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     stops = torch.tensor(sorted(stop_tokens or []), dtype=torch.long, device=idx.device)
-    dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) else None
     cache = None
+    if kv_cache:
+        dtype = next(model.parameters()).dtype
+        if torch.is_autocast_enabled(idx.device.type):
+            dtype = torch.get_autocast_dtype(idx.device.type)
+        cache = model.new_cache(B, idx.device, dtype)
     for end in range(T, T + max_new_tokens):  # tokens[:, :end] are known, tokens[:, end] is next
-        if kv_cache and cache is not None and cache.length != window:
-            logits, _ = model(tokens[:, end - 1:end], cache=cache, last_logits_only=True)
-        else:  # read a window whole: every step without the cache; with it, the prompt and each refill
-            keep = window if cache is None else window // 2
-            start = 0 if window is None else max(0, end - keep)
-            if kv_cache:
-                cache = cache or model.new_cache(B, idx.device, dtype or next(model.parameters()).dtype)
+        if needs_refill(cache, window):  # read a context whole: the prompt, a full cache's refill, or no cache
+            start = refill_start(end, window, cache)
+            context_mask = None
+            if mask is not None:
+                context_mask = mask[:, start:end]
+            if cache is not None:
                 cache.clear()
-            logits, _ = model(tokens[:, start:end], attention_mask=None if mask is None else mask[:, start:end],
-                              cache=cache, last_logits_only=True)
+            logits, _ = model(tokens[:, start:end], attention_mask=context_mask, cache=cache, last_logits_only=True)
+        else:
+            logits, _ = model(tokens[:, end - 1:end], cache=cache, last_logits_only=True)
         next_token = sample_token(logits[:, -1].float(), temperature, top_k, top_p, generator)  # (B,)
         if stops.numel():
             next_token = torch.where(done, tokens[:, end - 1], next_token)

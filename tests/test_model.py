@@ -34,7 +34,7 @@ def test_attention_equals_plain_softmax_formula(attn, n_kv_head, qk_norm):
     model = tiny(attn=attn, n_kv_head=n_kv_head, pos="none", qk_norm=qk_norm)
     layer = model.transformer.h[0].attn
     x = torch.randn(2, 9, 32)
-    y, _ = layer(x)
+    y = layer(x)
     # the reference, written from the formula: per head softmax(QKᵀ/√d_k + causal mask)V, concat, project
     q, k, v = layer.c_attn(x).split([32, 8 * layer.n_kv_head, 8 * layer.n_kv_head], dim=2)
     heads = []
@@ -51,11 +51,17 @@ def test_attention_equals_plain_softmax_formula(attn, n_kv_head, qk_norm):
 
 def test_attention_maps_are_causal_distributions():
     model = tiny(attn="manual")
-    maps = model.attention_maps(torch.randint(0, 37, (2, 12)))
+    x = torch.randint(0, 37, (2, 12))
+    maps = model.attention_maps(x)
     assert len(maps) == 2 and maps[0].shape == (2, 4, 12, 12)
     for w in maps:
         torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 12))
         assert (w.triu(1) == 0).all()
+    # collecting the weights changes nothing the forward pass returns: one shape, (logits, loss), the same values
+    logits, loss = model(x, x)
+    collected = []
+    assert all(torch.equal(a, b) for a, b in zip(model(x, x, maps=collected), (logits, loss)))
+    assert all(torch.equal(a, b) for a, b in zip(collected, maps))
 
 
 @pytest.mark.parametrize("attn", ATTN)
@@ -82,7 +88,7 @@ def attention_stack(model, x):
         rope = (model.rope_cos[: x.size(1)][None, None], model.rope_sin[: x.size(1)][None, None])
     full = torch.ones(x.size(1), x.size(1), dtype=torch.bool)
     for block in model.transformer.h:
-        h = h + block.attn(block.ln_1(h), rope, full)[0]
+        h = h + block.attn(block.ln_1(h), rope, full)
     return h
 
 
@@ -137,6 +143,30 @@ def test_kv_cache_with_left_padded_batch(pos):
     mask[1, :6] = False
     full = model(x, attention_mask=mask)[0]
     torch.testing.assert_close(cached_logits(model, x, 9, mask)[mask], full[mask], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_the_cache_takes_pieces_padding_and_single_tokens_in_any_order(window):
+    model = tiny(n_kv_head=2, window=window)
+    x = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 24, dtype=torch.bool)
+    mask[1, 5:8] = False  # padding first met by the third call, after tokens the cache held without a mask
+    cache = model.new_cache(2, "cpu", torch.float32)
+
+    def through_cache():
+        pieces, start = [], 0
+        for end in (4, 5, 11, 12, 13, 19, 20, 24):  # several tokens, one, several continuing, one after them, ...
+            piece_mask = mask[:, start:end]
+            if piece_mask.all():
+                piece_mask = None
+            pieces.append(model(x[:, start:end], attention_mask=piece_mask, cache=cache)[0])
+            start = end
+        cache.clear()
+        return torch.cat(pieces, 1)
+
+    cached = through_cache()
+    torch.testing.assert_close(cached[mask], model(x, attention_mask=mask)[0][mask], atol=1e-5, rtol=0)
+    assert torch.equal(through_cache(), cached)  # a cleared cache computes what a new one does
 
 
 @pytest.mark.parametrize("attn", ATTN)
@@ -206,27 +236,39 @@ def test_the_cache_steps_name_the_keys_each_call_sees_and_count_padding():
     prompt = torch.arange(6)
     real = torch.ones(2, 6, dtype=torch.bool)
     real[1, :3] = False  # row 1: three padding tokens, then three real ones
-    assert cache.attention_keys(prompt) is None  # a first call without padding: plain causal attention
-    keys = cache.attention_keys(prompt, real)
-    assert cache.length == 0 and not cache.masking  # reading the keys changes nothing
+    assert cache.update_mask(prompt) is None  # a first call without padding: plain causal attention
+    assert cache.key_mask is None and cache.pads is None  # no flags kept
+    keys = cache.update_mask(prompt, real)
     assert keys.pos.tolist() == [0, 1, 2, 3, 4, 5]  # no slot filled yet: the tokens' own keys
     assert keys.positions(prompt).tolist() == [[0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 1, 2]]
-    cache.advance(prompt, real)
-    # the last four tokens (2..5) in slots 2, 3, 0, 1; row 1's token 2 is padding
-    assert cache.length == 6 and cache.pads.tolist() == [[0], [3]]
+    # the last four tokens' flags (2..5) in slots 2, 3, 0, 1; row 1's token 2 is padding
+    assert cache.pads.tolist() == [[0], [3]]
     assert cache.key_mask.tolist() == [[True] * 4, [True, True, False, True]]
-    # one token is written into slot 6 % 4 = 2 first, then read with the other three
-    assert cache.slots_read(1) == 4
-    keys = cache.attention_keys(torch.tensor([6]))
+    assert cache.length == 0  # counting is advance's job
+    cache.advance(6)
+    assert cache.length == 6
+    # one token is stored in slot 6 % 4 = 2 first, then read with the other three; kept flags mean a mask
+    keys = cache.update_mask(torch.tensor([6]))
     assert keys.pos.tolist() == [4, 5, 6, 3]
-    assert keys.real.tolist() == [[True] * 4, [True] * 4]  # slot 2 shows the new token's flag, not token 2's
+    assert keys.real.tolist() == [[True] * 4, [True] * 4]  # slot 2 holds the new token's flag, not token 2's
     assert keys.positions(torch.tensor([6])).tolist() == [[6], [3]]
+    cache.advance(1)
     # several tokens read the four filled slots, then their own keys
-    assert cache.slots_read(3) == 4
-    assert cache.attention_keys(torch.arange(6, 9)).pos.tolist() == [4, 5, 2, 3, 6, 7, 8]
+    assert cache.update_mask(torch.arange(7, 10)).pos.tolist() == [4, 5, 6, 3, 7, 8, 9]
     cache.clear()
-    assert cache.length == 0 and cache.attention_keys(torch.arange(3)) is None
-    assert cache.pads.tolist() == [[0], [0]] and cache.key_mask.all()
+    assert cache.length == 0 and cache.key_mask is None and cache.update_mask(torch.arange(3)) is None
+
+
+def test_the_cache_needs_a_mask_for_padding_and_continuations_only():
+    cache = ring_cache(1)
+    assert cache.update_mask(torch.arange(3)) is None
+    cache.advance(3)
+    assert cache.update_mask(torch.tensor([3])) is None  # one token sees every slot read: no mask
+    cache.advance(1)
+    keys = cache.update_mask(torch.arange(4, 6))  # several continuing the cache must not see each other's future
+    assert keys.pos.tolist() == [0, 1, 2, 3, 4, 5] and keys.real.all()
+    cache.advance(2)
+    assert cache.update_mask(torch.tensor([6])) is not None  # flags kept from then on
 
 
 def test_the_cache_update_writes_the_ring_and_returns_the_keys_the_queries_see():
@@ -234,11 +276,11 @@ def test_the_cache_update_writes_the_ring_and_returns_the_keys_the_queries_see()
     k = torch.arange(6.0).view(1, 1, 6, 1).expand(1, 2, 6, 8)  # each key holds its sequence index
     seen_k, seen_v = cache.update(0, k, k + 100)
     assert torch.equal(seen_k, k) and torch.equal(seen_v, k + 100)  # a first call sees its own keys
-    cache.advance(torch.arange(6))
+    cache.advance(6)
     assert cache.k[0, 0, 0, :, 0].tolist() == [4, 5, 2, 3]  # the last four, in slot p % 4
     seen_k, seen_v = cache.update(0, torch.full((1, 2, 1, 8), 6.0), torch.full((1, 2, 1, 8), 106.0))
     assert seen_k[0, 0, :, 0].tolist() == [4, 5, 6, 3] and seen_v[0, 0, :, 0].tolist() == [104, 105, 106, 103]
-    cache.advance(torch.tensor([6]))
+    cache.advance(1)
     seen_k, _ = cache.update(0, k[:, :, :2] + 7, k[:, :, :2] + 107)  # two more, seen after the four slots
     assert seen_k[0, 0, :, 0].tolist() == [4, 5, 6, 3, 7, 8]
 

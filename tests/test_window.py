@@ -60,7 +60,7 @@ def test_the_layer_equals_the_band_formula(attn, T, n_kv_head, rope):
     layer = model.transformer.h[0].attn
     x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(T))
     cos, sin = (table[:T][None, None] for table in rope_tables(T, 8, 10000.0))
-    y, _ = layer(x, rope=(cos, sin) if rope else None)
+    y = layer(x, rope=(cos, sin) if rope else None)
     q, k, v = layer.c_attn(x).split([32, 8 * layer.n_kv_head, 8 * layer.n_kv_head], dim=2)
     q, k, v = (t.view(2, T, -1, 8).transpose(1, 2) for t in (q, k, v))
     if rope:

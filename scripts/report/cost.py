@@ -298,7 +298,10 @@ def decide_throughput(ctx, t):
 
 def forward_backward(layer, x, grad):
     """One layer's forward and backward; the gradients are dropped after, so every call starts from the same memory."""
-    layer(x)[0].backward(grad)
+    y = layer(x)
+    if isinstance(layer, torch.nn.LSTM):
+        y = y[0]  # (output, state)
+    y.backward(grad)
     layer.zero_grad(set_to_none=True)
     x.grad = None
 

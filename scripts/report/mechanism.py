@@ -134,7 +134,7 @@ def exp_paths(ctx):
     table = []
     for T in (64, 256, 1024, 4096):
         x = torch.randn(1, T, C, requires_grad=True)
-        gpt_depth = autograd_depth(block(x)[0].sum())
+        gpt_depth = autograd_depth(block(x).sum())
         h = c = torch.zeros(1, H)
         inputs = torch.randn(T, 1, H, requires_grad=True)
         for t in range(T):
