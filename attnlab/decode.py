@@ -1,7 +1,6 @@
 """Decoding: one loop that generates from any model with the language-model interface (model.GPT, rnn.RNN).
 
-    tokens = generate(model, prompt_ids, 200, temperature=0.8, top_k=50)        # (B, T + 200)
-    for token in generate_stream(model, prompt_ids, 200): ...                   # one (B,) tensor per step
+    for token in generate_stream(model, prompt_ids, 200, temperature=0.8, top_k=50): ...   # one (B,) tensor per step
 
 Sampling policy (temperature, top-k, top-p, stop tokens, left padding) and the context-overflow policy live here;
 the models only compute logits, and keep a cache or state between calls.
@@ -107,9 +106,3 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
         yield next_token
         if stops.numel() and done.all():
             return
-
-
-def generate(model, idx, max_new_tokens, **kwargs):
-    """The prompts idx (B, T) followed by up to max_new_tokens tokens; arguments as generate_stream."""
-    new = list(generate_stream(model, idx, max_new_tokens, **kwargs))
-    return torch.cat([idx] + [t[:, None] for t in new], dim=1)

@@ -4,10 +4,11 @@ import re
 
 import pytest
 import torch
+from conftest import generate
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
-from attnlab.decode import generate, sample_token
+from attnlab.decode import sample_token
 
 MODELS = ["gpt", "lstm", "gru"]
 VOCAB, W = 37, 16  # W: the GPT's block_size, its context window
