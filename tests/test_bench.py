@@ -132,8 +132,8 @@ def test_the_gpu_checks_compiled_step_compiles_once(tmp_path, monkeypatch):
     and a second compilation of GPT-2 would cost a GPU run a minute of its deadline."""
     torch._dynamo.reset()  # other tests' compiled models are not this one's first compilation
     monkeypatch.setitem(bench.GPU_SIZES["quick"], "compile", True)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     out = tmp_path / "gpu_check.json"
-    bench.main(["--only", "gpu", "--smoke", "--out", str(out)])
+    with torch._dynamo.config.patch(error_on_recompile=True):  # dynamo's config refuses monkeypatch's undo
+        bench.main(["--only", "gpu", "--smoke", "--out", str(out)])
     results = json.loads(out.read_text())
     assert results["train"]["compile"] and results["losses"]["passed"] and results["ddp"]["passed"]
