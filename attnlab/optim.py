@@ -135,8 +135,8 @@ class Muon(torch.optim.Optimizer):
             grads = [torch.where(skip, b, g) for b, g in zip(buffers, grads)]
         torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
         updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
-        updates = self.orthogonalized(group, params[0], torch.stack(updates).to(self.ns_dtype))
-        updates = updates.to(weights[0].dtype).unbind(0)
+        updates = torch.stack([u.to(self.ns_dtype) for u in updates])  # (n, rows, cols), cast before the copy
+        updates = self.orthogonalized(group, params[0], updates).unbind(0)  # add_ promotes each to the weights' dtype
         rows, cols = params[0].shape  # the whole matrix's, under FSDP2 too
         decay, step_size = 1 - group["lr"] * group["weight_decay"], -group["lr"] * math.sqrt(max(1, rows / cols))
         if skip is None:

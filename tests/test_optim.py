@@ -424,3 +424,24 @@ def test_a_tiny_lstm_trains_with_muon_on_its_matrices():
         losses.append(train_step(model, optimizer, [(x, y)], grad_clip=1.0))
     assert losses[-1] < 0.5 * losses[0]  # observed 2.84 -> 1.10 (fixed-batch memorisation)
     assert not torch.equal(matrix, model.rnn.weight_hh_l0)
+
+
+class SyncRecorder(torch.nn.Module):
+    """A model that records what FSDP2's set_requires_gradient_sync was told before each micro-batch."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.syncs = model, []
+
+    def set_requires_gradient_sync(self, sync):
+        self.syncs.append(sync)
+
+    def forward(self, x, y):
+        return self.model(x, y)
+
+
+def test_an_fsdp_model_reduces_its_gradients_after_the_last_micro_batch_only():
+    model = SyncRecorder(tiny_gpt())
+    optimizer = make_optimizer(model.model, TrainConfig(), CPU)
+    train_step(model, optimizer, [batch(2, seed=k) for k in range(3)])
+    assert model.syncs == [False, False, True]
