@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from attnlab.config import TrainConfig
-from attnlab.distributed import is_dtensor, local, map_replicated, map_sharded
+from attnlab.distributed import is_dtensor, local, map_replicated, map_sharded, torch_optimizers
 from attnlab.runtime import autocast_dtype, native_bf16
 
 
@@ -139,14 +139,11 @@ class Muon(torch.optim.Optimizer):
         updates = self.orthogonalized(group, params[0], updates).unbind(0)  # add_ promotes each to the weights' dtype
         rows, cols = params[0].shape  # the whole matrix's, under FSDP2 too
         decay, step_size = 1 - group["lr"] * group["weight_decay"], -group["lr"] * math.sqrt(max(1, rows / cols))
-        if skip is None:
-            torch._foreach_mul_(weights, decay)
-            torch._foreach_add_(weights, updates, alpha=step_size)
-            return
-        stepped = torch._foreach_mul(weights, decay)  # computed aside, then kept unless the step is skipped
-        torch._foreach_add_(stepped, updates, alpha=step_size)
-        for w, s in zip(weights, stepped):
-            w.copy_(torch.where(skip, w, s))
+        if skip is not None:  # no decay and zero updates: the weights stay as they were, bit for bit
+            decay = torch.where(skip, 1.0, decay)
+            updates = [torch.where(skip, 0.0, u) for u in updates]
+        torch._foreach_mul_(weights, decay)
+        torch._foreach_add_(weights, updates, alpha=step_size)
 
     def orthogonalized(self, group, p, updates):
         """updates (n, rows, cols), the momentum updates of n matrices shaped as p (under FSDP2, this process's
@@ -240,14 +237,12 @@ def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(),
 def step_unless(optimizer, skip):
     """optimizer.step() unless skip (a device bool): decided on the device by optimizers that take GradScaler's
     found_inf (fused AdamW, Muon), else read on the host."""
-    optimizers = getattr(optimizer, "optimizers", [optimizer])
-    fused = [isinstance(o, Muon) or all(g.get("fused") for g in getattr(o, "param_groups", [{}])) for o in optimizers]
+    fused = [isinstance(o, Muon) or all(g.get("fused") for g in getattr(o, "param_groups", [{}]))
+             for o in torch_optimizers(optimizer)]
     if not all(fused):  # a loaded state can turn fused off: its groups' flags decide
         if not skip.item():
             optimizer.step()
         return
-    for o in optimizers:
-        o.found_inf = skip.float()  # fused AdamW's and Muon's kernels leave parameters and state as they were at 1
+    optimizer.found_inf = skip.float()  # fused AdamW's and Muon's kernels leave parameters and state as they were at 1
     optimizer.step()
-    for o in optimizers:
-        o.found_inf = None
+    optimizer.found_inf = None
