@@ -7,6 +7,8 @@ the models only compute logits, and keep a cache or state between calls.
 """
 import torch
 
+from attnlab.runtime import activation_dtype
+
 
 def check_sampling(max_new_tokens, temperature, top_k, top_p):
     if max_new_tokens < 0:
@@ -83,10 +85,7 @@ def generate_stream(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     stops = torch.tensor(sorted(stop_tokens or []), dtype=torch.long, device=idx.device)
     cache = None
     if kv_cache:
-        dtype = next(model.parameters()).dtype
-        if torch.is_autocast_enabled(idx.device.type):
-            dtype = torch.get_autocast_dtype(idx.device.type)
-        cache = model.new_cache(B, idx.device, dtype)
+        cache = model.new_cache(B, idx.device, activation_dtype(model, idx.device))
     for end in range(T, T + max_new_tokens):  # tokens[:, :end] are known, tokens[:, end] is next
         if needs_refill(cache, window):  # read a context whole: the prompt, a full cache's refill, or no cache
             start = refill_start(end, window, cache)

@@ -54,6 +54,14 @@ def autocast(device, dtype):
     return torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
 
 
+def activation_dtype(model, device):
+    """The dtype model's activations (and so a KV cache's keys) take on device now: autocast's where it is on, else
+    the parameters'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(model.parameters()).dtype
+
+
 def configure(device):
     """Backend switches for device: TF32 matmuls on CUDA (fp32 accuracy is not needed for training there)."""
     if device.type == "cuda":

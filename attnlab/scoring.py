@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.runtime import activation_dtype
 from model import CHUNK_LOGITS, chunks_pay
 
 
@@ -73,11 +74,10 @@ def score_batch(model, x, y, tally, amp=nullcontext()):
     tokens = max(1, EVAL_LOGITS // (rows * vocab_size))
     total = 0.0
     with amp:
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
         for x_rows, y_rows in zip(x.split(rows), y.split(rows)):
             cache = None
             if tokens < x.size(1):
-                cache = model.new_cache(x_rows.size(0), x.device, dtype or next(model.parameters()).dtype)
+                cache = model.new_cache(x_rows.size(0), x.device, activation_dtype(model, x.device))
             for x_piece, y_piece in zip(x_rows.split(tokens, 1), y_rows.split(tokens, 1)):
                 logits, loss = model(x_piece, y_piece, cache=cache)
                 tally.add(logits, y_piece, loss)

@@ -124,3 +124,19 @@ def test_the_chunked_operator_trains_through_aot_autograd_to_the_eager_gradients
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # the graph inductor would receive
     traced = torch.autograd.grad(compiled(x, x)[1], list(model.parameters()))
     assert all(torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(eager, traced))
+
+
+def test_evaluation_in_pieces_under_bf16_autocast_keeps_its_cache_in_bf16_and_scores_alike():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=CHUNKED_LOSS_VOCAB, block_size=512, n_layer=1, n_head=2, n_embd=16)).eval()
+    x, y = torch.randint(0, CHUNKED_LOSS_VOCAB, (2, 2, 512))
+    counts = torch.ones(CHUNKED_LOSS_VOCAB, dtype=torch.long)
+    caches = []
+    new_cache = model.new_cache
+    model.new_cache = lambda *args: caches.append(new_cache(*args)) or caches[-1]
+    amp = torch.autocast("cpu", dtype=torch.bfloat16)
+    with torch.no_grad():
+        loss = score_batch(model, x, y, Tally(counts), amp)
+        reference = model(x, y)[1]  # fp32, whole
+    assert caches and all(c.k.dtype == torch.bfloat16 for c in caches)
+    assert loss.item() == pytest.approx(reference.item(), abs=0.02)  # bf16's rounding, not another score
