@@ -1,8 +1,6 @@
 """Which loss a training step takes on each device, and what it costs where a GPU would see it: the plain loss on a
 GPU (fused by torch.compile into a small graph), chunks on the CPU; fp16 gradients through either as accurate as
 the plain loss's. Shapes on the meta device, precision under fp16 autocast on the CPU."""
-import types
-
 import pytest
 import torch
 
@@ -16,25 +14,17 @@ GPT2 = dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768
 ROWS = 16 * 1024  # GPT-2's micro-batch: 16 sequences of 1,024 tokens
 
 
-def gpu(memory_bytes, monkeypatch):
-    """A cuda device whose properties report memory_bytes, as torch.cuda would on such a GPU."""
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
-        total_memory=memory_bytes))
-    return torch.device("cuda", 0)
-
-
 def test_the_cpu_chunks_a_large_vocabulary_only():
     cpu = torch.device("cpu")
     assert chunks_pay(cpu, ROWS, CHUNKED_LOSS_VOCAB) and chunks_pay(cpu, 1, 50304)
     assert not chunks_pay(cpu, ROWS, CHUNKED_LOSS_VOCAB - 1) and not chunks_pay(cpu, ROWS, 65)
 
 
-def test_a_gpu_takes_the_plain_loss_unless_its_logits_would_crowd_its_memory(monkeypatch):
-    # GPT-2 at 16 x 1024: 3.3 GB of fp32 logits, an eighth of 80 GB is 10 GB, of 24 GB 3 GB
-    assert not chunks_pay(gpu(80e9, monkeypatch), ROWS, 50304)
-    assert chunks_pay(gpu(24e9, monkeypatch), ROWS, 50304)
-    assert not chunks_pay(gpu(24e9, monkeypatch), ROWS // 2, 50304)
-    assert not chunks_pay(torch.device("meta"), ROWS, 50304) and not chunks_pay(torch.device("mps"), ROWS, 50304)
+def test_a_gpu_takes_the_plain_loss_unless_its_fp32_logits_reach_8_gib():
+    cuda = torch.device("cuda", 0)
+    assert not chunks_pay(cuda, ROWS, 50304) and not chunks_pay(cuda, 2 * ROWS, 50304)  # 3.3 and 6.6 GB
+    assert chunks_pay(cuda, 4 * ROWS, 50304)  # 13 GB
+    assert not chunks_pay(torch.device("meta"), 4 * ROWS, 50304) and not chunks_pay(torch.device("mps"), ROWS, 50304)
 
 
 def training_graph(model, x, y):
