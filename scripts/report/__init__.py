@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only bac
 
 RESULTS = Path(__file__).resolve().parent / "results"  # the committed reports: quick/ and full/
 SCRATCH = Path("out/report")  # where a partial run (--only) writes unless told otherwise (git-ignored)
-RUNS = Path("out/compare")  # training runs the report makes (git-ignored); later experiments reuse them
+RUNS = Path("out/report/runs")  # training runs the report makes (git-ignored); later experiments reuse them
 REASONS = {  # the three reasons history gives for attention replacing recurrence; each verdict row is about one
     "a": "training runs parallel over the sequence on parallel hardware",
     "b": "better use of long context, and better loss per unit of compute as models and data grow",
@@ -50,21 +50,22 @@ class Context:
     grid: list = field(default_factory=list)
     verdicts: list = field(default_factory=list)
 
-    def row(self, experiment, measure, gpt, lstm, note=""):
-        self.rows.append(dict(experiment=experiment, measure=measure, gpt=gpt, lstm=lstm, note=note))
+    def row(self, experiment, measure, gpt, lstm, note="", mingru=""):
+        """One line of the results table: the measure for each model (minGRU where the experiment ran it)."""
+        self.rows.append(dict(experiment=experiment, measure=measure, gpt=gpt, lstm=lstm, mingru=mingru, note=note))
 
     def grid_point(self, experiment, model, setting, lr, seed, steps, seconds, metric, value):
         """One trained configuration, kept whether or not it was the best: the whole grid is part of the receipt."""
         self.grid.append(dict(experiment=experiment, model=model, setting=setting, lr=lr, seed=seed, steps=steps,
                               seconds=round(seconds, 1), metric=metric, value=value))
 
-    def verdict(self, experiment, reason, evidence, status):
-        """What experiment decides about reason (a key of REASONS): evidence is the deciding number in words, status
-        one of STATUSES, optionally followed by " (why)", e.g. "not shown here (needs a GPU)", chosen by the code
-        from the measured numbers, never written in advance."""
+    def verdict(self, experiment, reason, evidence, status, rule=""):
+        """What experiment decides about reason (a key of REASONS): rule is the test, a module constant written
+        before the run; evidence the deciding numbers in words; status one of STATUSES, optionally followed by
+        " (why)", e.g. "not shown here (needs a GPU)", chosen by the code from the measured numbers by that rule."""
         if reason not in REASONS or status.split(" (")[0] not in STATUSES:
             raise ValueError(f"reason {reason!r} / status {status!r}: pick from {list(REASONS)} / {STATUSES}")
-        self.verdicts.append(dict(experiment=experiment, reason=reason, evidence=evidence, status=status))
+        self.verdicts.append(dict(experiment=experiment, reason=reason, rule=rule, evidence=evidence, status=status))
 
     def save(self, fig, name, detail):
         """Every figure carries its models, budget and hardware, so a PNG read alone is still a receipt."""

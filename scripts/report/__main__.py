@@ -39,9 +39,9 @@ EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_reca
                    lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
                    text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
                    generation=exp_generation)
-RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "note"]
+RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "mingru", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
-VERDICT_FIELDS = ["experiment", "reason", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
+VERDICT_FIELDS = ["experiment", "reason", "rule", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
 # decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
 FULL_ONLY = ("recall", "positions", "window")
 # parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
@@ -66,14 +66,16 @@ def merge_csv(path, fields, new_rows, replaced):
 def verdict_table(verdicts):
     """One row per reason: every experiment's deciding number, and the verdict, which is the experiments' common
     status, or each experiment's own when they disagree (a reason no experiment ran on is said so)."""
-    lines = ["| reason attention replaced RNNs | the deciding numbers | verdict |", "|---|---|---|"]
+    lines = ["| reason attention replaced RNNs | the rule, written before the run | the deciding numbers | verdict |",
+             "|---|---|---|---|"]
     for key, reason in REASONS.items():
         found = [v for v in verdicts if v["reason"] == key]  # in EXPERIMENTS order, as merge_csv sorts
+        rules = "; ".join(f"{v['experiment']}: {v['rule']}" for v in found if v.get("rule")) or "-"
         evidence = "; ".join(f"{v['experiment']}: {v['evidence']}" for v in found) or "no experiment of this run"
         statuses = {v["status"] for v in found}
         status = (next(iter(statuses)) if len(statuses) == 1 else
                   "; ".join(f"{v['status']} ({v['experiment']})" for v in found) if found else "not run")
-        lines.append(f"| ({key}) {reason} | {evidence} | **{status}** |")
+        lines.append(f"| ({key}) {reason} | {rules} | {evidence} | **{status}** |")
     return lines
 
 
@@ -91,8 +93,10 @@ def write_report(ctx, ran, seconds, hardware=None):
                           hardware=(hardware or {}).get(name, ctx.hardware), torch=torch.__version__,
                           date=time.strftime("%Y-%m-%d"))
     runs_path.write_text(json.dumps(runs, indent=1) + "\n")
-    table = ["| experiment | measure | GPT (attention) | LSTM (recurrence) | note |", "|---|---|---|---|---|"]
-    table += [f"| {r['experiment']} | {r['measure']} | {r['gpt']} | {r['lstm']} | {r['note']} |" for r in rows]
+    table = ["| experiment | measure | GPT (attention) | LSTM (recurrence) | minGRU (parallel recurrence) | note |",
+             "|---|---|---|---|---|---|"]
+    table += [f"| {r['experiment']} | {r['measure']} | {r['gpt']} | {r['lstm']} | {r.get('mingru') or ''} | "
+              f"{r['note']} |" for r in rows]
     lines = ["# Attention vs recurrence, measured", "",
              "Written by `python -m scripts.report`; every number below comes from the run listed under it. "
              f"A verdict is one of: {', '.join(STATUSES)}, chosen by each experiment's code from its numbers.", "",
@@ -118,7 +122,7 @@ def run_parts(ctx, names, jobs):
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
     names = sorted(names, key=list(EXPERIMENTS).index)
     if jobs == 1:
-        for name in (bar := tqdm(names, desc="compare", unit="experiment")):
+        for name in (bar := tqdm(names, desc="report", unit="experiment")):
             bar.set_postfix_str(name)
             alone(name)
         return seconds, hardware

@@ -34,7 +34,8 @@ from attnlab.config import compose
 from attnlab.record import read_metrics
 from data.corpus import load_meta, load_split, prepare
 from scripts.report import RUNS
-from scripts.report.tasks import rnn_width, seed_grid
+from scripts.report.protocol import seed_grid
+from scripts.report.tasks import rnn_width
 
 # gpt: the GPT as train.py overrides (the LSTM is configs/model/lstm.yaml at the width matching its parameter count);
 # block_size, batch_size, steps: the same context, sequences per step and step cap for every equal-token run; lrs:

@@ -21,7 +21,8 @@ from attnlab.checkpoint import build_model
 from attnlab.config import compose
 from data.corpus import load_meta, prepare
 from scripts.report import RUNS, lm
-from scripts.report.tasks import rnn_width, seed_grid
+from scripts.report.protocol import seed_grid
+from scripts.report.tasks import rnn_width
 
 # gpt: (n_layer, n_head, n_embd) per size, smallest first (the LSTM at each is configs/model/lstm.yaml at the width of
 # the same parameter count); block_size, batch_size, steps: the same for every run, so every run sees the same tokens;

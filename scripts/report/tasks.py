@@ -11,6 +11,7 @@ from tqdm import tqdm
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
+from scripts.report.protocol import seed_grid
 
 IMPROVING = 0.01  # "still improving at the cap": the selection loss fell by more than this fraction in the last quarter
 FLAT_SE = 2  # a grid is flat when no run solved and its best selection accuracy beats its worst by under this many s.e.
@@ -217,26 +218,3 @@ def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test
     seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
     is_flat = flat(list(grid.values()))
     return Tuned(best, not is_flat and len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs, is_flat)
-
-
-def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3, flat=None):
-    """The report's tuning protocol, for every trained comparison: fit(lr, seed) at every lr with the first
-    grid_seeds seeds, the lr of the highest merit(its runs) chosen, then trained with the remaining seeds. While the
-    best sits at an end of the grid, the grid grows one step past that end (the ratio of its last two points), at
-    most widen times, so the chosen lr lies strictly inside what was tried whenever that can be shown; unless
-    flat(every run so far) says no lr is told apart from another. Returns the lr, the lrs tried (sorted), the grid
-    {(lr, seed): run} and the chosen lr's runs {seed: run}."""
-    lrs = sorted(lrs)
-    grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
-    def choose():
-        return max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
-    best = choose()
-    for _ in range(widen if len(lrs) > 1 else 0):
-        if best not in (lrs[0], lrs[-1]) or (flat and flat(list(grid.values()))):
-            break
-        lr = lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]
-        lr = float(f"{lr:.3g}")
-        grid |= {(lr, seed): fit(lr, seed) for seed in seeds[:grid_seeds]}
-        lrs = sorted([*lrs, lr])
-        best = choose()
-    return best, lrs, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}
