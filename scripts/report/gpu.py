@@ -5,11 +5,16 @@
     python -m scripts.report.gpu --data-path input.txt    # the LM runs on a text file (default: the stdlib corpus)
 
 Two parts, each checking the time left before --deadline-s and skipping, with a line saying so, what it predicts
-cannot finish: (i) training tokens/s at about 15M matched parameters in bf16 autocast, model.py's GPT (SDPA: flash
-attention where the GPU has it) against attnlab/rnn.py's LSTM (torch.nn.LSTM: cuDNN on CUDA), at T = 256 ... 4096
-and fixed tokens per step, after a warm-up, synchronised, median of alternating rounds; (ii) one language-model run
-of each by train.py for the same wall-clock budget (train.time_budget_s), at learning rates fixed from the CPU
-report's grids. results.json, results.csv and gpu.png are written as each part ends.
+cannot finish: (i) training tokens/s at about 15M matched parameters, model.py's GPT (SDPA: flash attention where the
+GPU has it) against attnlab/rnn.py's LSTM (torch.nn.LSTM: cuDNN on CUDA), at T = 256 ... 4096 and fixed tokens per
+step, after a warm-up, synchronised, median of alternating rounds; (ii) one language-model run of each by train.py
+for the same wall-clock budget (train.time_budget_s). Both parts train each model by its own recipe (RECIPES): Muon
+at its own muon_lr, the GPT in bf16 autocast, the LSTM in fp32; every output labels a model with the dtype its
+attention or recurrence output had. train.py's budget is wall clock, evaluations and checkpoint writes included, so
+the LM runs evaluate only at step 0 (train.py always does, with one best.pt write: inside the budget, for both
+alike) and after the budget is spent; their curves are train.py's logged training losses. A rerun into the same
+--out replaces the LM runs' folders and runs every part again. results.json, results.csv and gpu.png are written as
+each part ends.
 
 Not yet run on a GPU: when this was written none was lent, so only --smoke (on a CPU) has run; every output says
 so until GPU_CHECKED below is set, after a first GPU run's numbers have been read.
@@ -17,9 +22,11 @@ so until GPU_CHECKED below is set, after a first GPU run's numbers have been rea
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -28,32 +35,38 @@ import torch
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, compose
-from attnlab.optim import train_step
+from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
-from attnlab.runtime import alternate, autocast, configure, hardware_name
+from attnlab.runtime import alternate, autocast, autocast_dtype, configure, hardware_name
 from data.corpus import load_meta, prepare
 from scripts.report.cost import length_axis
-from scripts.report.lm import ROOT, lm_summary
 from scripts.report.tasks import rnn_width
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
 GPU_CHECKED = False  # True once a GPU run's outputs have been read and found sane
 VOCAB = 96  # the throughput part's random tokens: the stdlib corpus's characters
-# AdamW peaks the committed CPU report's full lm grid chose (scripts/report/results/full/results.csv, the lm rows),
-# used where out/compare/lm/summary.json (the last lm experiment's choice) is absent
-LRS = dict(gpt=3e-3, lstm=1e-2)
+# Each model's own recipe as train.py overrides: Muon on its matrices at the config's muon_lr (attnlab/config.py's for
+# the GPT, configs/model/lstm.yaml's for the LSTM), AdamW at train.learning_rate on the rest. The LSTM trains in fp32
+# (TF32 matmuls on CUDA, runtime.configure): CUDA autocast hands cuDNN's RNN fp16 whatever dtype it was asked for
+# (aten/src/ATen/cudnn/AutocastRNN.cpp) and train.py scales gradients only for train.dtype=float16, so under bf16
+# autocast it would train in unscaled fp16; CPU autocast runs it in bf16 (oneDNN), so --smoke cannot show that.
+RECIPES = {"gpt": ["train.optimizer=muon", "train.dtype=bfloat16"],
+           "lstm": ["model=lstm", "train.optimizer=muon", "train.dtype=float32"]}
+MAX_ITERS = 1_000_000  # an LM run's step cap and eval interval: beyond any budget, so the seconds end the run
 # gpt: the GPT's shape (5 x 512, heads of 64: about 15.8M parameters); tokens: per training step at every T;
 # warmup, rounds: untimed and timed (alternating) steps per length; lm_*: the LM runs' context, batch, seconds of
-# training each, eval interval and batches, and the seconds a run spends outside its budget (start-up, corpus,
-# evals, checkpoints), which the deadline reserves
+# training each, log interval (the curves' points; each reads the loss from the device), batches per evaluation, and
+# the seconds a run spends outside its budget (start-up, corpus, the last evaluation and checkpoint), which the
+# deadline reserves
 SIZES = {
     "gpu": dict(gpt=dict(n_layer=5, n_embd=512, n_head=8), lengths=(256, 512, 1024, 2048, 4096), tokens=65536,
-                warmup=3, rounds=10, lm_block=1024, lm_batch=32, lm_seconds=120, lm_eval_interval=200, lm_eval_iters=20,
+                warmup=3, rounds=10, lm_block=1024, lm_batch=32, lm_seconds=120, lm_log_interval=50, lm_eval_iters=20,
                 lm_warmup=100, lm_overhead_s=45),
     "smoke": dict(gpt=dict(n_layer=2, n_embd=32, n_head=2), lengths=(16, 32), tokens=128, warmup=1, rounds=2,
-                  lm_block=32, lm_batch=4, lm_seconds=2, lm_eval_interval=20, lm_eval_iters=2, lm_warmup=2,
+                  lm_block=32, lm_batch=4, lm_seconds=2, lm_log_interval=5, lm_eval_iters=2, lm_warmup=2,
                   lm_overhead_s=10),
 }
 
@@ -79,6 +92,11 @@ def model_pair(sizes, vocab, block_size):
                                             n_embd=width, tie_weights=True)}
 
 
+def mixing_layer(model):
+    """The layer that mixes positions: the GPT's first attention, the LSTM's recurrence."""
+    return model.rnn if hasattr(model, "rnn") else model.transformer.h[0].attn
+
+
 def output_dtype(layer, fn):
     """The dtype layer's output has while fn runs: whether autocast reached it (a fused recurrence may stay fp32)."""
     seen = []
@@ -86,6 +104,12 @@ def output_dtype(layer, fn):
     fn()
     hook.remove()
     return str(seen[0].dtype).removeprefix("torch.")
+
+
+def recipe_label(train_cfg):
+    """A recipe's fields for the outputs, from the TrainConfig train.py runs with."""
+    return dict(optimizer=train_cfg.optimizer, muon_lr=train_cfg.muon_lr, adamw_lr=train_cfg.learning_rate,
+                min_lr=train_cfg.min_lr, train_dtype=train_cfg.dtype)
 
 
 def predict_seconds(spent, T):
@@ -98,13 +122,14 @@ def predict_seconds(spent, T):
 
 
 def throughput(sizes, device, deadline, reserve_s, results):
-    """Training tokens/s of both models at every length that the deadline leaves time for."""
+    """Training tokens/s of both models, each by its recipe, at every length that the deadline leaves time for."""
     configs = model_pair(sizes, VOCAB, max(sizes["lengths"]))
     torch.manual_seed(0)
     models = {name: build_model(cfg).to(device) for name, cfg in configs.items()}
-    amp = autocast(device, torch.bfloat16)
-    results["models"] = {name: dict(shape=f"{cfg.n_layer}x{cfg.n_embd}", params=models[name].num_params())
-                         for name, cfg in configs.items()}
+    recipes = {name: compose(*RECIPES[name]).train for name in models}
+    amps = {name: autocast(device, autocast_dtype(device, recipes[name].dtype)) for name in models}
+    results["models"] = {name: dict(shape=f"{cfg.n_layer}x{cfg.n_embd}", params=models[name].num_params(),
+                                    **recipe_label(recipes[name])) for name, cfg in configs.items()}
     spent = {}
     for T in sizes["lengths"]:
         predicted = predict_seconds(spent, T)
@@ -115,12 +140,10 @@ def throughput(sizes, device, deadline, reserve_s, results):
         start = time.monotonic()
         B = max(1, sizes["tokens"] // T)
         x = torch.randint(VOCAB, (B, T + 1), generator=torch.Generator().manual_seed(T)).to(device)
-        optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=device.type == "cuda")
-                      for name, m in models.items()}
-        fns = {name: partial(train_step, m, optimizers[name], [(x[:, :-1], x[:, 1:])], autocast=amp)
+        optimizers = {name: make_optimizer(m, recipes[name], device) for name, m in models.items()}
+        fns = {name: partial(train_step, m, optimizers[name], [(x[:, :-1], x[:, 1:])], autocast=amps[name])
                for name, m in models.items()}
-        layers = {"gpt": models["gpt"].transformer.h[0].attn, "lstm": models["lstm"].rnn}
-        dtypes = {name: output_dtype(layers[name], fns[name]) for name in models}  # the first warm-up step
+        dtypes = {name: output_dtype(mixing_layer(m), fns[name]) for name, m in models.items()}  # the first warm-up
         for _ in range(sizes["warmup"] - 1):
             for fn in fns.values():
                 fn()  # allocator, kernels, cuDNN's plans
@@ -131,41 +154,49 @@ def throughput(sizes, device, deadline, reserve_s, results):
         spent[T] = time.monotonic() - start
 
 
-def learning_rates():
-    """Each model's AdamW peak: the last CPU lm experiment's choice where out/compare/lm/summary.json has one, else
-    LRS; and where it came from."""
-    summary = lm_summary()
-    if summary:
-        return {name: summary[name]["lr"] for name in LRS}, f"out/compare/lm/summary.json ({summary['preset']})"
-    return dict(LRS), "LRS in scripts/report/gpu.py (the committed full CPU report's lm grid)"
+def lm_dtype(cfg, device):
+    """The dtype the mixing layer's output has in train.py's forward for cfg (its model, its train.dtype's
+    autocast): one forward of a short batch, from the same functions train.py builds with."""
+    torch.manual_seed(0)
+    model = build_model(cfg.model).to(device)
+    x = torch.zeros(1, 8, dtype=torch.long, device=device)
+    amp = autocast(device, autocast_dtype(device, cfg.train.dtype))
+
+    def forward():
+        with torch.no_grad(), amp:
+            model(x)
+    return output_dtype(mixing_layer(model), forward)
 
 
 def lm_runs(sizes, device, data_path, out, deadline, results):
-    """One train.py run per model for lm_seconds of training each, where the deadline leaves time for it."""
+    """One train.py run per model, each by its recipe, for lm_seconds of training, where the deadline leaves time;
+    an earlier run in out is replaced."""
     data = ["data=text", f"data.path={data_path}"] if data_path else []
     block = f"model.block_size={sizes['lm_block']}"
-    cfg = compose(block, *data)
-    vocab = load_meta(prepare(cfg.data, sizes["lm_block"]))["vocab_size"]  # once, before the timed runs
+    vocab = load_meta(prepare(compose(block, *data).data, sizes["lm_block"]))["vocab_size"]  # before the timed runs
     configs = model_pair(sizes, vocab, sizes["lm_block"])
-    lrs, source = learning_rates()
-    results["lm_settings"] = dict(corpus=Path(data_path).name if data_path else "stdlib", vocab=vocab, lrs=lrs,
-                                  lr_source=source, block_size=sizes["lm_block"], batch_size=sizes["lm_batch"],
-                                  seconds=sizes["lm_seconds"])
+    results["lm_settings"] = dict(corpus=Path(data_path).name if data_path else "stdlib", vocab=vocab,
+                                  block_size=sizes["lm_block"], batch_size=sizes["lm_batch"],
+                                  seconds=sizes["lm_seconds"], evaluated="at step 0 (inside the budget) and after it")
     shapes = {"gpt": [f"model.{key}={value}" for key, value in sizes["gpt"].items()],
-              "lstm": ["model=lstm", "model.n_layer=2", f"model.n_embd={configs['lstm'].n_embd}",
-                       "model.tie_weights=true"]}
+              "lstm": ["model.n_layer=2", f"model.n_embd={configs['lstm'].n_embd}", "model.tie_weights=true"]}
     for name in ("gpt", "lstm"):
         predicted = sizes["lm_seconds"] + sizes["lm_overhead_s"]
         if not deadline.fits(predicted):
             results["skipped"].append(f"lm {name}: predicted {predicted:.0f} s, {deadline.left():.0f} s left")
             continue
-        run_dir, lr = out / f"lm-{name}", lrs[name]
-        overrides = [*shapes[name], block, *data, f"train.device={device}", "train.dtype=bfloat16",
-                     "train.optimizer=adamw", f"train.learning_rate={lr}", f"train.min_lr={lr / 10}",
-                     f"train.time_budget_s={sizes['lm_seconds']}", "train.max_iters=1000000",
+        run_dir = out / f"lm-{name}"
+        overrides = [*RECIPES[name], *shapes[name], block, *data, f"train.device={device}",
+                     f"train.time_budget_s={sizes['lm_seconds']}", f"train.max_iters={MAX_ITERS}",
+                     f"train.eval_interval={MAX_ITERS}", f"train.eval_iters={sizes['lm_eval_iters']}",
                      f"train.warmup_iters={sizes['lm_warmup']}", f"train.batch_size={sizes['lm_batch']}",
-                     f"train.eval_interval={sizes['lm_eval_interval']}", f"train.eval_iters={sizes['lm_eval_iters']}",
-                     "train.checkpoint_interval=1000000", "train.seed=0", f"out_dir={run_dir}"]
+                     f"logger.log_interval={sizes['lm_log_interval']}", "train.seed=0", f"out_dir={run_dir}"]
+        cfg = compose(*overrides)
+        cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))  # as train.py sizes it to the corpus
+        dtype = lm_dtype(cfg, device)
+        if run_dir.exists():  # train.py never starts afresh over a checkpoint, and this report owns the folder
+            print(f"lm {name}: replacing the earlier run in {run_dir}")
+            shutil.rmtree(run_dir)
         code = train_run(overrides)
         evals = read_metrics(run_dir, "eval") if code == 0 else []
         if not evals:
@@ -173,14 +204,20 @@ def lm_runs(sizes, device, data_path, out, deadline, results):
             continue
         last = evals[-1]
         tokens = last["iter"] * sizes["lm_batch"] * sizes["lm_block"]
-        results["lm"].append(dict(model=name, params=build_model(configs[name]).num_params(), lr=lr, steps=last["iter"],
-                                  seconds=last["elapsed_s"], tokens=tokens, val_loss=last["val_loss"],
-                                  curve=[(r["elapsed_s"], r["val_loss"]) for r in evals]))
+        curve = [(r["elapsed_s"], r["train_loss"]) for r in read_metrics(run_dir, "log")]
+        results["lm"].append(dict(model=name, params=build_model(cfg.model).num_params(), dtype=dtype,
+                                  **recipe_label(cfg.train), steps=last["iter"], seconds=last["elapsed_s"],
+                                  tokens=tokens, val_loss=last["val_loss"], evals=len(evals), train_curve=curve))
 
 
 def train_run(overrides):
     """`python train.py OVERRIDES` in this working directory; its exit code (its errors print as they come)."""
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides]).returncode
+
+
+def recipe_text(r):
+    """A row's recipe in a few words: its optimizer's lrs and dtype."""
+    return f"{r['optimizer']} muon_lr={r['muon_lr']:g} adamw_lr={r['adamw_lr']:g}, {r['dtype']}"
 
 
 def write(out, results):
@@ -190,32 +227,35 @@ def write(out, results):
         writer = csv.writer(f)
         writer.writerow(["part", "model", "setting", "metric", "value"])
         for r in results["throughput"]:
-            writer.writerow(["throughput", r["model"], f"T={r['T']} batch={r['batch']}", "training tokens/s",
-                             r["tokens_per_s"]])
+            writer.writerow(["throughput", r["model"], f"T={r['T']} batch={r['batch']}, {r['dtype']}",
+                             "training tokens/s", r["tokens_per_s"]])
         for r in results["lm"]:
             for metric in ("steps", "tokens", "seconds", "val_loss"):
-                writer.writerow(["lm", r["model"], f"lr={r['lr']:g}", metric, r[metric]])
+                writer.writerow(["lm", r["model"], recipe_text(r), metric, r[metric]])
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     for name, color in (("gpt", "C0"), ("lstm", "C1")):
         points = [r for r in results["throughput"] if r["model"] == name]
-        a.loglog([r["T"] for r in points], [r["tokens_per_s"] for r in points], "o-", color=color, label=name)
+        if points:
+            a.loglog([r["T"] for r in points], [r["tokens_per_s"] for r in points], "o-", color=color,
+                     label=f"{name}, {points[0]['dtype']}")
         for r in results["lm"]:
-            if r["model"] == name:
-                b.plot(*zip(*r["curve"]), "o-", color=color, label=f"{name}, {r['tokens']:,} tokens")
+            if r["model"] == name and r["train_curve"]:
+                b.plot(*zip(*r["train_curve"]), "-", color=color,
+                       label=f"{name}, {recipe_text(r)}: val {r['val_loss']:.3f} after {r['tokens']:,} tokens")
     if results["throughput"]:
         length_axis(a, sorted({r["T"] for r in results["throughput"]}), "sequence length T")
-    a.set(ylabel="training tokens / s", title="throughput, bf16 autocast")
-    b.set(xlabel="seconds trained", ylabel="val loss", title="equal wall clock (train.py)")
+    a.set(ylabel="training tokens / s", title="throughput, each model's recipe")
+    b.set(xlabel="seconds trained", ylabel="train loss (logged)", title="equal wall clock (train.py)")
     for ax in (a, b):
         if ax.lines:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7)
     models = " vs ".join(f"{name.upper()} {m['shape']} ({m['params']:,} params)"
                          for name, m in results.get("models", {}).items())
-    fig.text(0.01, -0.02, f"{models}, heads tied; {results['sizes']['tokens']:,} tokens per step, median of "
-             f"{results['sizes']['rounds']} alternating steps after {results['sizes']['warmup']}; LM runs: "
-             f"{results['sizes']['lm_seconds']} s each, AdamW at fixed lrs\n{results['hardware']}; python -m "
-             f"scripts.report.gpu{' --smoke' * results['smoke']}; {results['note']}", fontsize=7, color="dimgray",
-             va="top")
+    fig.text(0.01, -0.02, f"{models}, heads tied, Muon for both; {results['sizes']['tokens']:,} tokens per step, "
+             f"median of {results['sizes']['rounds']} alternating steps after {results['sizes']['warmup']}; LM runs: "
+             f"{results['sizes']['lm_seconds']} s each, evaluated at step 0 and after the budget\n"
+             f"{results['hardware']}; python -m scripts.report.gpu{' --smoke' * results['smoke']}; {results['note']}",
+             fontsize=7, color="dimgray", va="top")
     fig.savefig(out / "gpu.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
 
@@ -251,7 +291,8 @@ def main(argv=None):
     for r in results["throughput"]:
         print(f"{r['model']:>4} T={r['T']:>5}: {r['tokens_per_s']:>12,} tokens/s ({r['dtype']})")
     for r in results["lm"]:
-        print(f"{r['model']:>4} lm: val loss {r['val_loss']:.3f} after {r['steps']:,} steps, {r['tokens']:,} tokens")
+        print(f"{r['model']:>4} lm ({recipe_text(r)}): val loss {r['val_loss']:.3f} after {r['steps']:,} steps, "
+              f"{r['tokens']:,} tokens")
     print(f"results in {out}/results.json; {note}")
 
 
