@@ -18,7 +18,7 @@ from attnlab.rnn import RNNConfig
 from model import GPTConfig, require
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-MODEL_TYPES = ("gpt", "lstm", "gru")
+MODEL_TYPES = ("gpt", "lstm", "gru", "mingru")
 CORPORA = ("stdlib", "shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2", "bpe")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -27,7 +27,8 @@ FINE_TUNE_MAX_LR = 3e-4  # the largest learning rate train.init_from accepts (na
 
 @dataclass
 class ModelConfig(GPTConfig):
-    type: str = "gpt"  # gpt (model.py) | lstm | gru (attnlab/rnn.py: n_layer layers of n_embd; attention fields unused)
+    # gpt (model.py) | lstm | gru | mingru (attnlab/rnn.py: n_layer layers of n_embd; attention fields unused)
+    type: str = "gpt"
 
     def __post_init__(self):
         require(self.type in MODEL_TYPES, f"model.type={self.type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")

@@ -45,12 +45,13 @@ def set_lr(optimizer, lr):
 def make_optimizer(model, t: TrainConfig, device):
     """AdamW with weight decay on matrices only (not on norms, biases or vectors). With optimizer=muon the hidden
     matrices take Muon instead, orthogonalised momentum (Jordan et al. 2024, "Muon: An optimizer for hidden layers"):
-    a GPT's blocks' matrices, an RNN's input and recurrent weights (attnlab/rnn.py's rnn.weight_ih_l*, weight_hh_l*);
-    embeddings, the head and the gains and biases stay on AdamW, as Muon's authors advise."""
+    a GPT's blocks' matrices, an RNN's input and recurrent weights (attnlab/rnn.py's rnn.weight_ih_l*, weight_hh_l*;
+    a minGRU's rnn.*.c_z.weight, c_h.weight); embeddings, the head and the gains and biases stay on AdamW, as Muon's
+    authors advise."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
     def on_muon(name, p):  # a matrix inside a block or a recurrent layer
-        return t.optimizer == "muon" and p.dim() == 2 and name.startswith(("transformer.h.", "rnn.weight_"))
+        return t.optimizer == "muon" and p.dim() == 2 and name.startswith(("transformer.h.", "rnn."))
 
     hidden, params = [p for n, p in named if on_muon(n, p)], [p for n, p in named if not on_muon(n, p)]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},

@@ -1,24 +1,28 @@
-"""Recurrent language models (LSTM, GRU) with GPT's interface: the baseline that attention replaced.
+"""Recurrent language models (LSTM, GRU, minGRU) with GPT's interface: the baseline that attention replaced.
 
-Pure PyTorch: token embedding -> n_layer LSTM or GRU layers of width n_embd -> linear head. train.py trains it
-(model=lstm, model=gru) and attnlab/decode.py generates from it like a GPT (model.py's docstring lists the interface).
-Where GPT keeps a KV cache that grows with the context, an RNN carries a fixed-size state: O(1) memory and time per
-generated token, but T sequential steps to read T tokens (scripts/report measures both sides).
+Pure PyTorch: token embedding -> n_layer LSTM, GRU or minGRU layers of width n_embd -> linear head. train.py trains it
+(model=lstm, model=gru, model=mingru) and attnlab/decode.py generates from it like a GPT (model.py's docstring lists
+the interface). Where GPT keeps a KV cache that grows with the context, an RNN carries a fixed-size state: O(1) memory
+and time per generated token, but T sequential steps to read T tokens (scripts/report measures both sides). minGRU's
+gates read the input only, so it reads T tokens with a parallel scan instead (RNN.scan switches it to T steps).
 """
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.runtime import native_bf16
-from model import lm_loss, require
+from model import RMSNorm, lm_loss, require
+
+TYPES = ("lstm", "gru", "mingru")
 
 
 @dataclass
 class RNNConfig:
     """The fields an RNN reads; config.ModelConfig holds their defaults and configs/model/lstm.yaml a preset."""
-    type: str  # lstm | gru
+    type: str  # lstm | gru | mingru
     vocab_size: int  # tokens in the vocabulary (set from the prepared corpus)
     block_size: int  # training window in tokens (truncated backpropagation through time)
     n_layer: int  # stacked recurrent layers
@@ -27,14 +31,14 @@ class RNNConfig:
     tie_weights: bool  # share the token embedding with the output head
 
     def __post_init__(self):
-        require(self.type in ("lstm", "gru"), f"type={self.type!r} is not a recurrent model; use lstm or gru")
+        require(self.type in TYPES, f"type={self.type!r} is not a recurrent model; use lstm, gru or mingru")
         for name in ("vocab_size", "block_size", "n_layer", "n_embd"):
             require(getattr(self, name) > 0, f"{name}={getattr(self, name)} must be positive")
         require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
 
 
 class RNNState:
-    """Every layer's recurrent state: (h, c) for an LSTM, h for a GRU, each (n_layer, B, n_embd). Unlike a KVCache
+    """Every layer's recurrent state: (h, c) for an LSTM, h for a (min)GRU, each (n_layer, B, n_embd). Unlike a KVCache
     its size does not depend on how many tokens it has read."""
 
     def __init__(self):
@@ -50,16 +54,109 @@ class RNNState:
         return sum(t.nbytes for t in tensors)
 
 
+def mingru_params(width, vocab_size, n_layer, tied):
+    """The parameters of a minGRU model of this width, as RNN.num_params() counts them: per layer W_z, W_h, their
+    biases and a norm gain; the final norm's gain; the embedding, and an untied head."""
+    return vocab_size * width * (1 if tied else 2) + n_layer * (2 * width * width + 3 * width) + width
+
+
+def g(x):
+    """minGRU's activation on the candidate state (Feng et al. 2024): x + 1/2 above zero, sigmoid below; positive, so
+    every h is positive and has a logarithm."""
+    return torch.where(x >= 0, x + 0.5, torch.sigmoid(x))
+
+
+def log_g(x):
+    """log g(x), computed in log space below zero; relu keeps the unused branch's log finite, so no nan gradient."""
+    return torch.where(x >= 0, (F.relu(x) + 0.5).log(), -F.softplus(-x))
+
+
+def scan(log_a, log_b, h0):
+    """Every h_t = a_t h_{t-1} + b_t at once from log a, log b (B, T, C) and h0 (B, C) or None (zeros): Heinsen's
+    log-space scan (2023), h_t = exp(a*_t + logcumsumexp_{s<=t}(log b_s - a*_s)) with a*_t = sum_{s<=t} log a_s.
+    A nonzero h0 enters as the term b_0 of an extra first step, with a_0 = 1."""
+    if h0 is not None:
+        log_a = F.pad(log_a, (0, 0, 1, 0))  # (B, 1 + T, C), log a_0 = 0
+        log_b = torch.cat([h0.log()[:, None], log_b], dim=1)  # (B, 1 + T, C)
+    a_star = log_a.cumsum(dim=1)
+    h = torch.exp(a_star + torch.logcumsumexp(log_b - a_star, dim=1))
+    return h if h0 is None else h[:, 1:]
+
+
+class MinGRU(nn.Module):
+    """One minGRU layer (Feng et al. 2024, "Were RNNs All We Needed?"): z_t = sigmoid(W_z x_t), h~_t = g(W_h x_t),
+    h_t = (1 - z_t) h_{t-1} + z_t h~_t. Its gates read x_t alone, so the recurrence is linear in h and a scan
+    computes it in parallel. Around it a pre-norm residual, as the paper's language model has: a stack of
+    elementwise recurrences trains poorly without one, and the norm keeps each layer's input at unit scale."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln = RMSNorm(config.n_embd)
+        self.c_z = nn.Linear(config.n_embd, config.n_embd)  # the update gate's logits
+        self.c_h = nn.Linear(config.n_embd, config.n_embd)  # the candidate state, before g
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, h0, mask, parallel):
+        """x (B, T, C); h0 (B, C), or None for zeros; mask (B, T) False at left padding, or None; parallel: the scan
+        or T sequential steps. Returns x plus the layer's h (B, T, C), and the last h (B, C) in fp32."""
+        u = self.ln(x)
+        k = self.c_z(u).float()  # (B, T, C) the scan runs in fp32: bf16 logs lose the state within a few steps
+        pre = self.c_h(u).float()  # (B, T, C)
+        h = self._scan(k, pre, h0, mask) if parallel else self._steps(k, pre, h0, mask)
+        return x + self.drop(h).type_as(x), h[:, -1]
+
+    def _scan(self, k, pre, h0, mask):
+        log_z = -F.softplus(-k)  # log sigmoid(k)
+        log_keep = -F.softplus(k)  # log (1 - sigmoid(k))
+        if mask is not None:  # z = 0 at padding: h stays h0 there, and padding never enters the state
+            pad = ~mask[..., None]  # (B, T, 1)
+            log_z = log_z.masked_fill(pad, torch.finfo(log_z.dtype).min)  # finite: -inf would give nan gradients
+            log_keep = log_keep.masked_fill(pad, 0.0)
+        return scan(log_keep, log_z + log_g(pre), h0)
+
+    def _steps(self, k, pre, h0, mask):
+        z = torch.sigmoid(k)  # (B, T, C)
+        if mask is not None:
+            z = z.masked_fill(~mask[..., None], 0.0)
+        h_tilde = g(pre)  # (B, T, C)
+        h = h0 if h0 is not None else k.new_zeros(k.size(0), k.size(2))  # (B, C)
+        hs = []
+        for t in range(k.size(1)):
+            h = (1 - z[:, t]) * h + z[:, t] * h_tilde[:, t]
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+def left_padding_lengths(mask):
+    """Each row's real tokens (B,), once mask (B, T) is checked to be left padding with a real token in every row."""
+    T = mask.size(1)
+    lengths = mask.sum(1)  # (B,)
+    if (lengths == 0).any():
+        raise ValueError("attention_mask has a row without real tokens; every sequence needs at least one")
+    positions = torch.arange(T, device=mask.device)
+    if not torch.equal(mask, positions[None] >= T - lengths[:, None]):
+        raise ValueError("attention_mask must be left padding (False only before a row's first real token)")
+    return lengths
+
+
 class RNN(nn.Module):
+    # minGRU only: read a sequence with the parallel scan (True) or with T sequential steps of the same layers (False);
+    # one token is always a step
+    scan = True
+
     def __init__(self, config: RNNConfig):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        recurrent = nn.LSTM if config.type == "lstm" else nn.GRU
-        # dropout between stacked layers (Zaremba et al. 2014); PyTorch warns if it is set for a single layer
-        self.rnn = recurrent(config.n_embd, config.n_embd, config.n_layer, batch_first=True,
-                             dropout=config.dropout if config.n_layer > 1 else 0.0)
+        if config.type == "mingru":
+            self.rnn = nn.ModuleList(MinGRU(config) for _ in range(config.n_layer))
+            self.ln_f = RMSNorm(config.n_embd)  # the residual stream is unnormalised; the head reads it normalised
+        else:
+            recurrent = nn.LSTM if config.type == "lstm" else nn.GRU
+            # dropout between stacked layers (Zaremba et al. 2014); PyTorch warns if it is set for a single layer
+            self.rnn = recurrent(config.n_embd, config.n_embd, config.n_layer, batch_first=True,
+                                 dropout=config.dropout if config.n_layer > 1 else 0.0)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # the cells read the embedding unnormalised, so it keeps PyTorch's unit scale N(0, 1): GPT's 0.02 stalls an
         # LSTM at chance on recall (docs/log.md). A tied matrix also makes the logits: U(±0.1) as in AWD-LSTM
@@ -83,7 +180,8 @@ class RNN(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6N over the matmuls' weights, the head included and the
-        embedding lookup not; unlike attention's, the recurrence's cost does not grow with seq_len."""
+        embedding lookup not (minGRU's scan, some 30 elementwise operations per state entry, not either); unlike
+        attention's, the recurrence's cost does not grow with seq_len."""
         head = self.lm_head.weight.numel() if self.config.tie_weights else 0  # an untied head is already counted
         return 6 * (self.num_params(embeddings=False) + head)
 
@@ -97,7 +195,9 @@ class RNN(nn.Module):
         continue from and update. Returns logits (B, T, vocab) and the mean loss over real target positions."""
         x = self.drop(self.wte(idx))  # (B, T, C)
         state = cache.value if cache is not None else None
-        if attention_mask is None and idx.size(1) == 1 and not self.training:
+        if self.config.type == "mingru":
+            y, state = self._mingru(x, attention_mask, state)
+        elif attention_mask is None and idx.size(1) == 1 and not self.training:
             y, state = self._step(x[:, 0], state)
         elif attention_mask is None:
             y, state = self._recur(x, state)  # (B, T, C)
@@ -109,6 +209,19 @@ class RNN(nn.Module):
             y = y[:, -1:]
         logits = self.lm_head(self.drop(y))
         return logits, None if targets is None else lm_loss(logits, targets, attention_mask)
+
+    def _mingru(self, x, mask, state):
+        """x (B, T, C) through every minGRU layer, from state (n_layer, B, C) or None (zeros); returns the normalised
+        outputs (B, T, C) and the new state."""
+        if mask is not None:
+            mask = mask.bool()
+            left_padding_lengths(mask)  # raises unless mask is left padding
+        parallel = self.scan and x.size(1) > 1
+        last = []
+        for layer, block in enumerate(self.rnn):
+            x, h = block(x, None if state is None else state[layer], mask, parallel)
+            last.append(h)
+        return self.ln_f(x), torch.stack(last)
 
     def _recur(self, x, state):
         """self.rnn over a whole sequence (or a packed batch). A CPU without native bf16 has no oneDNN bf16 LSTM (it
@@ -139,12 +252,8 @@ class RNN(nn.Module):
         """Run each sequence over its real tokens only, so padding never enters the state: shift the rows to
         right padding, pack them, run, and shift the outputs back. Padded positions get zero outputs."""
         B, T, C = x.shape
-        lengths = mask.sum(1)  # (B,)
-        if (lengths == 0).any():
-            raise ValueError("attention_mask has a row without real tokens; every sequence needs at least one")
+        lengths = left_padding_lengths(mask)
         positions = torch.arange(T, device=x.device)
-        if not torch.equal(mask, positions[None] >= T - lengths[:, None]):
-            raise ValueError("attention_mask must be left padding (False only before a row's first real token)")
         shift = (T - lengths)[:, None]  # (B, 1) padding per row
         to_left = ((positions[None] + shift) % T)[..., None].expand(B, T, C)  # (B, T, C) gather indices
         packed = pack_padded_sequence(x.gather(1, to_left), lengths.cpu(), batch_first=True, enforce_sorted=False)

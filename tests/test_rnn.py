@@ -1,20 +1,22 @@
 """attnlab/rnn.py: GPT's interface, causality, padding, carried state == recomputation, its own config checks, presets
-matched to the GPT. Decoding from either model is tested once, in test_decode.py."""
+matched to the GPT; minGRU's scan against its sequential steps. Decoding from either model is tested once, in
+test_decode.py."""
 import io
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import compose, tiny_config
+from conftest import compose, generate, tiny_config
 
 from attnlab import rnn
 from attnlab.checkpoint import build_model
-from attnlab.config import ModelConfig, SampleConfig
-from attnlab.rnn import RNN, RNNConfig, RNNState
+from attnlab.config import ModelConfig, SampleConfig, TrainConfig
+from attnlab.optim import make_optimizer
+from attnlab.rnn import RNN, RNNConfig, RNNState, mingru_params
 from sample import sample
 from train import train
 
-TYPES = ["lstm", "gru"]
+TYPES = ["lstm", "gru", "mingru"]
 
 
 def tiny(type, **kw):
@@ -35,7 +37,7 @@ def test_forward_shapes_loss_and_causality(type):
     assert model(x)[1] is None
 
 
-@pytest.mark.parametrize("type", TYPES)
+@pytest.mark.parametrize("type", ["lstm", "gru"])
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_autocast_on_a_cpu_runs_with_or_without_native_bf16(type, native, monkeypatch):
     """Without native bf16 (AVX2) oneDNN cannot build a bf16 LSTM: the recurrence runs in fp32 there instead of
@@ -66,7 +68,7 @@ def test_carried_state_equals_reading_everything_at_once(type):
     assert state.length == 24
 
 
-@pytest.mark.parametrize("type, tensors", [("lstm", 2), ("gru", 1)])
+@pytest.mark.parametrize("type, tensors", [("lstm", 2), ("gru", 1), ("mingru", 1)])
 def test_state_size_does_not_grow_with_context(type, tensors):
     model, state = tiny(type), RNNState()
     sizes = []
@@ -118,7 +120,7 @@ def test_an_rnn_config_validates_only_the_fields_an_rnn_reads():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(n_layer=0), "n_layer=0 must be positive"), (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
-    (dict(type="gpt"), "type='gpt' is not a recurrent model; use lstm or gru")])
+    (dict(type="gpt"), "type='gpt' is not a recurrent model; use lstm, gru or mingru")])
 def test_bad_rnn_configs_name_the_fix(kw, message):
     args = {**dict(type="lstm", vocab_size=37, block_size=16, n_layer=2, n_embd=32, dropout=0.0, tie_weights=True),
             **kw}
@@ -148,12 +150,14 @@ def test_the_lstm_preset_brings_its_tuned_muon_lr_and_the_command_line_still_win
     assert compose().train.muon_lr == 0.02 and compose("model=lstm").train.muon_lr == 0.08
     assert compose("model=lstm", "train.muon_lr=0.01").train.muon_lr == 0.01
     assert compose("model=gru").train.muon_lr == 0.02  # the GRU's was not tuned
+    assert compose("model=mingru").train.muon_lr == 0.02
 
 
 @pytest.mark.slow
-def test_train_py_trains_an_lstm_and_sample_py_samples_from_it(tmp_path):
+@pytest.mark.parametrize("type", ["lstm", "mingru"])
+def test_train_py_trains_an_rnn_and_sample_py_samples_from_it(tmp_path, type):
     cfg = tiny_config(tmp_path, batch_size=4, max_iters=6, eval_interval=3, warmup_iters=1)
-    cfg.model = ModelConfig(type="lstm", n_layer=1, n_embd=32, block_size=16)
+    cfg.model = ModelConfig(type=type, n_layer=1, n_embd=32, block_size=16)
     summary = train(cfg)
     assert summary["iters"] == 6 and (tmp_path / "out" / "best.pt").exists()
     out = io.StringIO()
@@ -171,3 +175,86 @@ def test_tying_the_head_does_not_change_the_flops(type):
     flops = {tied: build_model(ModelConfig(type=type, vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32,
                                            tie_weights=tied)).flops_per_token() for tied in (True, False)}
     assert flops[True] == flops[False]
+
+
+def test_mingru_scan_is_the_recurrence_it_stands_for():
+    """scan(log a, log b, h0) against a plain loop h_t = a_t h_{t-1} + b_t, from zeros and from a positive h0."""
+    torch.manual_seed(0)
+    a, b, h0 = torch.rand(2, 30, 5), torch.rand(2, 30, 5), torch.rand(2, 5)
+    for start in (None, h0):
+        h = torch.zeros(2, 5) if start is None else start
+        expected = []
+        for t in range(30):
+            h = a[:, t] * h + b[:, t]
+            expected.append(h)
+        torch.testing.assert_close(rnn.scan(a.log(), b.log(), start), torch.stack(expected, dim=1))
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_mingru_scan_and_sequential_steps_are_one_model(carried):
+    """RNN.scan = False runs the same layers and weights as T sequential steps: the same logits and gradients in fp32,
+    from a zero state or from a state carried in the cache."""
+    model = tiny("mingru")
+    prefix, x = torch.randint(0, 37, (2, 9)), torch.randint(0, 37, (2, 24))
+    results = []
+    for parallel in (True, False):
+        model.scan = parallel
+        state = None
+        if carried:
+            state = RNNState()
+            with torch.no_grad():
+                model(prefix, cache=state)
+            assert state.value.min() > 0  # a nonzero h0 folded into the scan
+        model.zero_grad()
+        logits, loss = model(x, x, cache=state)
+        loss.backward()
+        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (scan_logits, scan_grads), (step_logits, step_grads) = results
+    torch.testing.assert_close(scan_logits, step_logits, atol=1e-5, rtol=0)
+    for name, grad in scan_grads.items():
+        torch.testing.assert_close(grad, step_grads[name], atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_mingru_left_padding_never_touches_the_state(parallel):
+    model = tiny("mingru")
+    model.scan = parallel
+    a, b = torch.randint(0, 37, (1, 15)), torch.randint(0, 37, (1, 9))
+    batch = torch.cat([a, torch.cat([torch.full((1, 6), 3), b], dim=1)])
+    mask = torch.arange(15)[None] >= torch.tensor([[0], [6]])
+    state, alone = RNNState(), RNNState()
+    torch.testing.assert_close(model(batch, attention_mask=mask, cache=state)[0][1, 6:], model(b, cache=alone)[0][0],
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(state.value[:, 1], alone.value[:, 0], atol=1e-6, rtol=0)
+    model.train()  # padding's stand-in logs keep the gradients finite
+    model(batch, batch, attention_mask=mask)[1].backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_mingru_generates_the_same_tokens_with_or_without_its_state():
+    model = tiny("mingru")
+    idx = torch.randint(0, 37, (2, 7))
+    mask = torch.arange(7)[None] >= torch.tensor([[0], [3]])
+    cached = generate(model, idx, 12, temperature=0, attention_mask=mask)
+    assert torch.equal(cached, generate(model, idx, 12, temperature=0, attention_mask=mask, kv_cache=False))
+
+
+def test_muon_takes_a_mingrus_matrices_and_adamw_the_rest():
+    model = tiny("mingru", tie_weights=False)
+    adamw, muon = make_optimizer(model, TrainConfig(optimizer="muon"), torch.device("cpu")).optimizers
+
+    def names(optimizer):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        return {n for n, p in model.named_parameters() if any(p is q for q in params)}
+
+    assert names(muon) == {f"rnn.{layer}.c_{w}.weight" for w in "zh" for layer in (0, 1)}
+    gains_and_biases = {f"rnn.{layer}.{name}" for name in ("ln.weight", "c_z.bias", "c_h.bias") for layer in (0, 1)}
+    assert names(adamw) == {"wte.weight", "lm_head.weight", "ln_f.weight"} | gains_and_biases
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_mingru_params_counts_the_model_and_its_flops(tied):
+    model = tiny("mingru", n_layer=3, n_embd=24, tie_weights=tied)
+    assert model.num_params() == mingru_params(24, 37, n_layer=3, tied=tied)
+    head, layers = 37 * 24, 3 * (2 * 24 * 24 + 3 * 24)  # a layer: W_z, W_h, their biases, a norm gain
+    assert model.flops_per_token() == 6 * (layers + 24 + head)  # the final norm's gain is the 24
