@@ -71,7 +71,7 @@ def log_g(x):
     return torch.where(x >= 0, (F.relu(x) + 0.5).log(), -F.softplus(-x))
 
 
-def scan(log_a, log_b, h0):
+def parallel_scan_log(log_a, log_b, h0):
     """Every h_t = a_t h_{t-1} + b_t at once from log a, log b (B, T, C) and h0 (B, C) or None (zeros): Heinsen's
     log-space scan (2023), h_t = exp(a*_t + logcumsumexp_{s<=t}(log b_s - a*_s)) with a*_t = sum_{s<=t} log a_s.
     A nonzero h0 enters as the term b_0 of an extra first step, with a_0 = 1."""
@@ -86,8 +86,8 @@ def scan(log_a, log_b, h0):
 class MinGRU(nn.Module):
     """One minGRU layer (Feng et al. 2024, "Were RNNs All We Needed?"): z_t = sigmoid(W_z x_t), h~_t = g(W_h x_t),
     h_t = (1 - z_t) h_{t-1} + z_t h~_t. Its gates read x_t alone, so the recurrence is linear in h and a scan
-    computes it in parallel. Around it a pre-norm residual, as the paper's language model has: a stack of
-    elementwise recurrences trains poorly without one, and the norm keeps each layer's input at unit scale."""
+    computes it in parallel. Around it a pre-norm residual, as the paper's language model has: the residual keeps a
+    direct path from the embedding to the head through any depth, and the norm gives W_z and W_h unit-scale inputs."""
 
     def __init__(self, config):
         super().__init__()
@@ -100,7 +100,7 @@ class MinGRU(nn.Module):
         """x (B, T, C); h0 (B, C), or None for zeros; mask (B, T) False at left padding, or None; parallel: the scan
         or T sequential steps. Returns x plus the layer's h (B, T, C), and the last h (B, C) in fp32."""
         u = self.ln(x)
-        k = self.c_z(u).float()  # (B, T, C) the scan runs in fp32: bf16 logs lose the state within a few steps
+        k = self.c_z(u).float()  # (B, T, C) in fp32: the scan sums logs over the whole sequence
         pre = self.c_h(u).float()  # (B, T, C)
         h = self._scan(k, pre, h0, mask) if parallel else self._steps(k, pre, h0, mask)
         return x + self.drop(h).type_as(x), h[:, -1]
@@ -112,7 +112,7 @@ class MinGRU(nn.Module):
             pad = ~mask[..., None]  # (B, T, 1)
             log_z = log_z.masked_fill(pad, torch.finfo(log_z.dtype).min)  # finite: -inf would give nan gradients
             log_keep = log_keep.masked_fill(pad, 0.0)
-        return scan(log_keep, log_z + log_g(pre), h0)
+        return parallel_scan_log(log_keep, log_z + log_g(pre), h0)
 
     def _steps(self, k, pre, h0, mask):
         z = torch.sigmoid(k)  # (B, T, C)
@@ -180,8 +180,8 @@ class RNN(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6N over the matmuls' weights, the head included and the
-        embedding lookup not (minGRU's scan, some 30 elementwise operations per state entry, not either); unlike
-        attention's, the recurrence's cost does not grow with seq_len."""
+        embedding lookup not (nor minGRU's scan, elementwise: O(n_embd) per layer and token); unlike attention's, the
+        recurrence's cost does not grow with seq_len."""
         head = self.lm_head.weight.numel() if self.config.tie_weights else 0  # an untied head is already counted
         return 6 * (self.num_params(embeddings=False) + head)
 

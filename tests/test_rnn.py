@@ -178,7 +178,8 @@ def test_tying_the_head_does_not_change_the_flops(type):
 
 
 def test_mingru_scan_is_the_recurrence_it_stands_for():
-    """scan(log a, log b, h0) against a plain loop h_t = a_t h_{t-1} + b_t, from zeros and from a positive h0."""
+    """parallel_scan_log(log a, log b, h0) against a plain loop h_t = a_t h_{t-1} + b_t, from zeros and from a
+    positive h0."""
     torch.manual_seed(0)
     a, b, h0 = torch.rand(2, 30, 5), torch.rand(2, 30, 5), torch.rand(2, 5)
     for start in (None, h0):
@@ -187,7 +188,7 @@ def test_mingru_scan_is_the_recurrence_it_stands_for():
         for t in range(30):
             h = a[:, t] * h + b[:, t]
             expected.append(h)
-        torch.testing.assert_close(rnn.scan(a.log(), b.log(), start), torch.stack(expected, dim=1))
+        torch.testing.assert_close(rnn.parallel_scan_log(a.log(), b.log(), start), torch.stack(expected, dim=1))
 
 
 @pytest.mark.parametrize("carried", [False, True])
