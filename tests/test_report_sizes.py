@@ -1,5 +1,6 @@
-"""scripts/report/sizes.py: the size ladder end to end on tiny models (train.py's train in-process), the FLOPs count
-against a hand computation and the verdict's rule both ways (the n-gram references are lm's, tested there)."""
+"""scripts/report/sizes.py: the size ladder end to end on tiny models (train.py's train in-process; the smallest size
+is the lm experiment's), the recipe carried to larger sizes, the FLOPs count against a hand computation and the
+verdict's rule (context.sizes_status) on synthetic numbers, its regime check first."""
 import math
 
 import pytest
@@ -9,54 +10,49 @@ from conftest import WORDS, compose, words_corpus
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.record import RunLog
-from scripts.report import Context, lm, sizes
+from scripts.report import Context, context, lm, sizes
+from scripts.report.protocol import Recipe
 from train import train
 
-TINY = dict(gpt=[(1, 2, 16), (1, 2, 32)], block_size=16, batch_size=4, steps=8, lrs=dict(gpt=[1e-2], lstm=[3e-2]),
-            retune=(0.5, 1, 2), seeds=2, evals=2, eval_iters=1, select_windows=8, test_windows=8)
+LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
+               adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.05], lstm=[0.07]), grid_seeds=1, seeds=2,
+               evals=2, eval_iters=1, select_windows=4, test_windows=8, windows=[8])
+TINY = dict(gpt=[(1, 2, 32)], seeds=1)
 
 
-@pytest.fixture
-def tiny_report(tmp_path, monkeypatch, request):
+def test_sizes_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(sizes.BUDGET, "quick", TINY | dict(retune=getattr(request, "param", TINY["retune"])))
+    monkeypatch.setitem(lm.BUDGET, "quick", LM_TINY)
+    monkeypatch.setitem(sizes.BUDGET, "quick", TINY)
     monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
-    return ctx
-
-
-@pytest.mark.parametrize("tiny_report", [(0.5, 1, 2), (1,)], indirect=True)
-def test_sizes_end_to_end(tiny_report):
-    ctx, retune = tiny_report, sizes.BUDGET["quick"]["retune"]
-    sizes.exp_sizes(ctx)
+    sizes.exp_sizes(ctx)  # finds no lm runs and trains them first
     assert (ctx.out / "sizes.png").exists()
-    rows = {r["measure"]: r for r in ctx.rows}
-    by_size = rows["test loss by size, final weights, seed 0"]
+    result = lm.load_lm()
+    rows = {r["measure"]: r for r in ctx.rows if r["experiment"] == "sizes"}
+    by_size = rows["test loss by size, final weights"]
+    vocab = len(set("".join(WORDS)) | {" "})
     for side in ("gpt", "lstm"):
-        losses = [float(v) for v in by_size[side].split(" / ")]
-        vocab = len(set("".join(WORDS)) | {" "})
+        losses = [float(v.split(" [")[0]) for v in by_size[side].split(" / ")]
         assert len(losses) == 2 and all(0 < v < math.log(vocab) for v in losses)  # better than uniform over chars
-    assert "muP's prediction" in by_size["note"] and "bigram" in by_size["note"] and "trigram" in by_size["note"]
-    gap = rows["gap, LSTM - GPT test loss, smallest / largest size"]
-    [verdict] = ctx.verdicts
-    assert verdict["experiment"] == "sizes" and verdict["reason"] == "b" and verdict["status"] in gap["note"]
-    assert {p["steps"] for p in ctx.grid} == {TINY["steps"]}
-    _, ladder = sizes.models(ctx, sizes.BUDGET["quick"])
-    for name in ("gpt", "lstm"):
-        points = [p for p in ctx.grid if p["model"] == name and p["metric"] == "selection loss"]
-        small, large = sorted({p["setting"] for p in points}, key=lambda s: int(s.split("=")[1]))
-        # the smallest size: its one-lr grid at seed 0, then seed 1 at it
-        assert [(p["lr"], p["seed"]) for p in points if p["setting"] == small] == [(TINY["lrs"][name][0], 0),
-                                                                                   (TINY["lrs"][name][0], 1)]
-        # the larger size: a grid around muP's 1/width prediction (widened while its best is at an end), seed 0 only
-        tried = {p["lr"]: p["value"] for p in points if p["setting"] == large}
-        predicted = TINY["lrs"][name][0] * ladder[name][0]["width"] / ladder[name][1]["width"]
-        assert all(any(lr == pytest.approx(predicted * f, rel=1e-2) for lr in tried) for f in retune)
-        assert len(tried) == 1 if retune == (1,) else 3 <= len(tried) <= 6  # at most 3 widenings
-        best = min(tried, key=tried.get)
-        assert f"{best:g} of [{', '.join(f'{lr:g}' for lr in sorted(tried))}]" in by_size["note"]
+    assert "muP" in by_size["note"] and "bigram" in by_size["note"]
+    points = [p for p in ctx.grid if p["experiment"] == "sizes"]
+    assert {(p["model"], p["seed"]) for p in points} == {("gpt", 0), ("lstm", 0)}  # the larger size only, seed 0
+    ladder = sizes.size_ladder(ctx, TINY, result)
+    for name in lm.NAMES:  # the lm experiment's recipe, its AdamW part's lr x the smaller width / the larger
+        small, large = (size["width"] for size in ladder[name])
+        [lr] = {p["lr"] for p in points if p["model"] == name}
+        assert large > small and lr == sizes.scaled_recipe(result.tuned[name].recipe, small, large).grid_lr
+    [verdict] = [v for v in ctx.verdicts if v["experiment"] == "sizes"]
+    assert verdict["rule"] == context.SIZES_RULE and verdict["status"].startswith("not shown here (not reached")
+    assert verdict["status"] in rows["gap, LSTM - GPT test loss, by size"]["note"]
+
+
+def test_a_larger_size_takes_the_recipe_with_its_adamw_lr_scaled_as_mup_predicts():
+    assert sizes.scaled_recipe(Recipe("muon", 4e-3, 0.04), 64, 128) == Recipe("muon", 2e-3, 0.04)
+    assert sizes.scaled_recipe(Recipe("adamw", 1e-2), 75, 150) == Recipe("adamw", 5e-3)
 
 
 def test_train_flops_by_hand():
@@ -69,11 +65,20 @@ def test_train_flops_by_hand():
     assert sizes.train_flops(lstm, 10) == 10 * 6 * (256 + 256 + 32 + 32 + 160)
 
 
-@pytest.mark.parametrize("gaps, spread, status", [([0.1, 0.4], 0.1, "shown here"), ([0.4, 0.1], 0.1,
-                         "contradicted here"), ([0.1, 0.15], 0.1, "not shown here"), ([0.3, 0.2], 0.2,
-                         "not shown here")])
-def test_verdict_follows_the_gap_against_the_seed_spread(gaps, spread, status):
-    assert sizes.decide(gaps, spread) == status
+GROWS = [[0.1, 0.12, 0.11], [0.2, 0.22, 0.21], [0.4, 0.42, 0.41]]  # LSTM - GPT per seed, by size: apart, growing
+
+
+@pytest.mark.parametrize("tokens_per_param, seeds, gaps, status", [
+    ([40, 25, 20], [3, 3, 3], GROWS, "shown here"),
+    ([40, 25, 20], [3, 3, 3], GROWS[::-1], "contradicted here"),
+    ([40, 25, 20], [3, 3, 3], [[0.1, 0.3, 0.2], [0.2, 0.22, 0.21], [0.25, 0.15, 0.2]], "not shown here"),
+    # below the regime, however the gap moves
+    ([2.6, 0.6], [3, 1], GROWS[:2], "not shown here (not reached at this scale: 0.6-2.6 tokens per parameter)"),
+    ([40, 25, 20], [3, 3, 1], GROWS, "not shown here (not reached at this scale: 20-40 tokens per parameter)"),
+    ([40, 25, 19], [3, 3, 3], GROWS, "not shown here (not reached at this scale: 19-40 tokens per parameter)"),
+])
+def test_the_sizes_verdict_decides_only_in_the_data_rich_regime(tokens_per_param, seeds, gaps, status):
+    assert context.sizes_status(tokens_per_param, seeds, gaps) == status
 
 
 @pytest.mark.parametrize("preset", sorted(sizes.BUDGET))

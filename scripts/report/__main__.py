@@ -26,15 +26,16 @@ from tqdm import tqdm
 
 from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
-from scripts.report.context import exp_context
+from scripts.report.context import exp_context, exp_lm
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
-from scripts.report.lm import exp_lm, exp_positions, exp_window, lm_results
+from scripts.report.lm import exp_positions, exp_window, lm_results
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.recall import exp_induction, exp_recall, exp_recall_state
 from scripts.report.sizes import exp_sizes
 from scripts.report.text import exp_text
 
-# in this order, which is also the tables': positions, window, context, text and paths read the lm experiment's runs
+# in this order, which is also the tables': positions, window, sizes, context, text and paths read the lm experiment's
+# runs
 EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_recall_state, induction=exp_induction,
                    lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
                    text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
@@ -46,7 +47,7 @@ VERDICT_FIELDS = ["experiment", "reason", "rule", "evidence", "status"]  # Conte
 FULL_ONLY = ("recall", "positions", "window")
 # parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
 ALONE = ("lm", "window", "throughput", "long", "generation")
-READS_LM = ("positions", "window", "context", "text", "paths")  # train the lm experiment's models first if missing
+READS_LM = ("positions", "window", "sizes", "context", "text", "paths")  # train the lm experiment's models first
 # the other parts, longest first, so that the workers finish together (runs.json has their wall times)
 POOLED = ("sizes", "recall_state", "context", "positions", "recall", "induction", "text", "paths", "scaling")
 

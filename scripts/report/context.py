@@ -1,15 +1,23 @@
-"""How far back each model uses its context, two ways: (i) the lm experiment's trained models scored at the last
-position of a window whose tokens more than k back are replaced by draws from the corpus's unigram distribution
-(Khandelwal et al. 2018: the k past which replacing changes nothing is the context a model uses); (ii) both models
-trained briefly on text where a span of random tokens repeats at a distance drawn from a log-spaced range (the loss
-on the repeat only), scored on the repeat at each test distance D, which only a model that reaches D tokens back can
-copy.
-    python -m scripts.report --only context
+"""Reason (b), better use of long context and better loss per unit of compute as models and data grow: its rules and
+verdicts, and two of its three experiments (sizes.py is the third; lm.py trains the language models they read).
+
+    lm        the GPT against the LSTM of the same size, each at its best recipe, at equal tokens and equal wall time
+    context   how far back each model uses its context: (i) the lm experiment's equal-time models scored at the last
+              position of a window whose tokens more than k back are replaced by draws from the corpus's unigram
+              distribution (Khandelwal et al. 2018: the k past which replacing changes nothing is the context a model
+              uses); (ii) both models trained on text where a span of random tokens repeats at a distance drawn from
+              a log-spaced range (the loss on the repeat only), each with its own tuned recipe, scored on the repeat
+              at each test distance D, which only a model that reaches D tokens back can copy
+    sizes     (sizes.py) both models at a few sizes for equal tokens; decided only in the regime Kaplan et al.'s
+              figure 7 is about
+
+    python -m scripts.report --only lm,context,sizes
 """
 import math
 import shutil
+import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -22,31 +30,205 @@ from attnlab.config import TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 from data.corpus import load_split
 from scripts.report import RUNS, lm
+from scripts.report.protocol import Recipe, apart, best_recipe, mean_range
+
+# The rules, written before the runs; ctx.verdict prints each beside its evidence.
+MATERIAL = 0.1  # nats: the smallest loss difference that counts (10% in perplexity)
+KAPLAN_TOKENS_PER_PARAM = 20  # training tokens per parameter from which a size comparison is in a data-rich regime
+LM_RULE = ("each model at its best recipe (AdamW's lr grid, then Muon's muon_lr grid, chosen on the val split's 1st "
+           "half at equal tokens; the same recipe at equal wall time): shown where the GPT's test loss is lower than "
+           "the LSTM's at equal tokens and at equal wall time, the seeds' min-max ranges apart; contradicted where "
+           "the LSTM's is lower, apart, in one of them and the GPT's in neither; otherwise not shown")
+CONTEXT_RULE = (f"text: a model's effective context is the smallest k (1, 2, 4, ... T/2) from which on the loss rise "
+                f"from replacing the tokens beyond k stays under {MATERIAL} nats, per seed of its equal-time models "
+                f"(3 seeds); the GPT uses more context where its seeds' effective contexts all exceed the LSTM's. "
+                f"Repeat: a model copies at D where its loss on the repeat is below both the first copy's and a "
+                f"uniform guess by more than {MATERIAL} nats and 2 standard errors; a distance result counts only "
+                f"when both models copy at the shortest D (else copying itself is what differs: reason (c)); then "
+                f"the GPT does better where the LSTM's loss at the longest D is higher by more than {MATERIAL} nats "
+                f"and 2 standard errors and the LSTM copies at fewer D or its loss rises more from the shortest D. "
+                f"Shown where the tests that decide favour the GPT, contradicted where they favour the LSTM, "
+                f"otherwise not shown")
+SIZES_RULE = (f"decided only where Kaplan et al.'s figure 7 applies: at least 3 sizes, each with 3 seeds and at least "
+              f"{KAPLAN_TOKENS_PER_PARAM} training tokens per parameter; there, shown where the gap (LSTM - GPT test "
+              f"loss, per seed) at the largest such size exceeds the gap at the smallest, the seeds' ranges apart, "
+              f"contradicted where it is smaller, apart; below that regime: not shown here (not reached at this "
+              f"scale)")
 
 # windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) scored at their
 # last position for every k; distances, span, context: the repeat corpus's test D values (training draws D from
 # training_distances, spanning them), span length and window (room for the pair at many places even at the largest
 # D); span <= the smallest D, so the copies never overlap; batch_size, steps: the repeat runs' sequences a step and
-# steps, the same for both models (at context 1024 and 4 sequences a step the full GPT had not learned to copy in
-# 2,000 steps: docs/log.md); test_sequences: test sequences per D (their text from the val split's 2nd half).
-# Sized by steps x one measured step; the presets' wall times, with their machine, are in docs/report.md.
+# steps, the same for both models; adamw_lrs, muon_lrs: each model's grids for the repeat (best_recipe, seed SEED,
+# widened once past a winning end); sequences: selection and test sequences per D (from each val half).
+# Runs: 2 x 2 grid points per model, trained in this process.
 BUDGET = {
-    "quick": dict(windows=512, distances=[32, 128, 256], span=16, context=336, batch_size=8, steps=2000,
-                  test_sequences=256),
-    "full": dict(windows=768, distances=[32, 128, 512], span=32, context=640, batch_size=8, steps=2000,
-                 test_sequences=512),
+    "quick": dict(windows=512, distances=[16, 64, 128], span=8, context=144, batch_size=8, steps=1000,
+                  adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
+                  muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=256),
+    "full": dict(windows=768, distances=[32, 128, 512], span=16, context=544, batch_size=8, steps=1500,
+                 adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
+                 muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=512),
 }
-SEED = 0  # the repeat runs' one training seed: their noise bars are the test sequences' standard error
+SEED = 0  # the repeat runs' one seed: they are tuned and trained with it; their noise bars are the sequences' s.e.
+
+
+# --- lm: equal tokens and equal wall time ---
+
+def exp_lm(ctx):
+    """The GPT against the LSTM of the same size, each at its best recipe, at equal tokens and equal time."""
+    result = lm.train_lm(ctx)
+    curves = {name: torch.tensor([r.by_position for r in result.runs(name)]) for name in lm.NAMES}
+    lm_rows(ctx, result, curves)
+    ctx.verdict("lm", "b", *lm_status(result), rule=LM_RULE)
+    lm_figure(ctx, result, curves)
+
+
+def lm_rows(ctx, result, curves):
+    """The results table's lm rows; curves: each model's test loss by position at equal tokens, (seeds, T)."""
+    gpt, lstm, plan = result.models["gpt"], result.models["lstm"], result.plan
+    T, best, adamw = plan.block_size, {n: result.runs(n) for n in lm.NAMES}, {
+        n: runs_by_seed(result.optimizer(n, "adamw")) for n in lm.NAMES}
+    ctx.row("lm", "models", f"{gpt.desc}, {gpt.params:,} params", f"{lstm.desc}, {lstm.params:,} params",
+            f"corpus {result.corpus} ({result.vocab} tokens; a unigram model, which ignores the context, scores "
+            f"{result.unigram:.2f} nats on the train split); context {T} for both; {plan.batch_size} sequences a "
+            f"step; fp32")
+    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), each model's best recipe, final weights",
+            *(mean_range(lm.tests(best[n])) for n in lm.NAMES),
+            f"{plan.steps} steps each; {recipes_note(result)}; {lm.seeds_note(result)}; "
+            f"{improving_note(best)}; {lm.ngram_note(result.ngram)}")
+    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), AdamW for both (an extra row, not the "
+            f"verdict's)", *(mean_range(lm.tests(adamw[n])) for n in lm.NAMES),
+            "each model's AdamW grid's choice: " + "; ".join(grid_note(result.optimizer(n, "adamw"), n)
+                                                             for n in lm.NAMES)
+            + f"; the optimizer confound of equal-token rows that give both models AdamW; {improving_note(adamw)}")
+    ctx.row("lm", f"test loss at equal wall time ({result.budget_s:g} s of training), each model's best recipe",
+            *(mean_range(lm.tests(result.timed[n])) for n in lm.NAMES),
+            f"train.time_budget_s={result.budget_s:g} for every run (the GPT's mean wall time at equal tokens), the "
+            f"lr decaying over it; each model's recipe chosen at equal tokens, not tuned again at equal time: gpt "
+            f"{result.tuned['gpt'].recipe}, lstm {result.tuned['lstm'].recipe}; {lm.seeds_note(result)}; "
+            f"{improving_note(result.timed)}")
+    ctx.row("lm", f"tokens seen in {result.budget_s:g} s (M)", *(
+        mean_range([r.iters * plan.batch_size * T / 1e6 for r in result.timed[n]], 2) for n in lm.NAMES),
+            f"{ctx.hardware}, one run at a time")
+    ctx.row("lm", "wall seconds to the step cap at equal tokens (training and train.py's evaluations)",
+            *(mean_range([r.seconds for r in best[n]], 0) for n in lm.NAMES), f"{ctx.hardware}, one run at a time")
+    bins = lm.position_bins(T)
+    def at(c):
+        return " / ".join(mean_range(v, 3) for v in lm.bin_means(c, bins).T.tolist())  # c: (seeds, T)
+    ctx.row("lm", "test loss at positions " + " / ".join(f"{a}-{b}" for a, b in bins), at(curves["gpt"]),
+            at(curves["lstm"]), f"equal tokens, best recipes; {lm.seeds_note(result)}; the test half in windows of "
+            f"{T}, the same for both models; " + "; ".join(f"{name}: {lm.position_note(curves[name], bins)}"
+                                                          for name in curves))
+    ctx.row("lm", f"loss change from positions 65-128 to 129-{T}" if T >= 256 else "loss change past position 128",
+            *(f"{lm.change(curves[name], (65, 128), (129, T))[0]:+.3f}" if T >= 256 else "-" for name in curves),
+            lm.kaplan_note(curves, T))
+
+
+def runs_by_seed(tuned):
+    return [tuned.runs[seed] for seed in sorted(tuned.runs)]
+
+
+def grid_note(tuned, name):
+    """The chosen grid point among those tried (the grid may have been widened), and its mean selection loss."""
+    key = "muon_lr" if tuned.recipe.optimizer == "muon" else "lr"
+    tried = ", ".join(f"{recipe.grid_lr:g}" for recipe, _ in tuned.tried)
+    part = f" (AdamW part at lr {tuned.recipe.lr:g})" if tuned.recipe.optimizer == "muon" else ""
+    return (f"{name} {tuned.recipe.optimizer} {key} {tuned.recipe.grid_lr:g} of [{tried}]{part}"
+            + (" (an end of the grid: the best may lie beyond)" if tuned.edge else "")
+            + f", mean selection loss {-lm.selection_merit(list(tuned.runs.values())):.3f}")
+
+
+def recipes_note(result):
+    """Each model's two grids and the recipe chosen between them."""
+    return "; ".join(f"{grid_note(result.optimizer(n, 'adamw'), n)}; {grid_note(result.optimizer(n, 'muon'), n)}; "
+                     f"{n} chose {result.tuned[n].recipe}" for n in lm.NAMES)
+
+
+def improving_note(runs):
+    """How many of each model's runs {name: [LMRun]} were still improving at their end."""
+    return (f"still improving at the end (> {lm.PLATEAU_NATS} nats over the last quarter): " + ", ".join(
+        f"{n} {sum(r.improving for r in rs)} of {len(rs)} seeds" for n, rs in runs.items()))
+
+
+def lm_status(result):
+    """(evidence, status) by LM_RULE."""
+    tests = {"equal tokens": {n: lm.tests(result.runs(n)) for n in lm.NAMES},
+             f"equal wall time ({result.budget_s:g} s)": {n: lm.tests(result.timed[n]) for n in lm.NAMES}}
+    winners, parts = {}, []
+    for when, loss in tests.items():
+        winners[when] = {-1: "gpt", 1: "lstm", 0: None}[apart(loss["gpt"], loss["lstm"])]
+        outcome = f"{winners[when]} lower, the seed ranges apart" if winners[when] else "the seed ranges overlap"
+        parts.append(f"{when}: test loss gpt {mean_range(loss['gpt'])} vs lstm {mean_range(loss['lstm'])}, "
+                     f"{outcome}")
+    n, (_, floor) = min(result.ngram.items(), key=lambda item: item[1][1])
+    below = {when: [name for name in lm.NAMES if np.mean(loss[name]) < floor] for when, loss in tests.items()}
+    parts.append(f"the {'bigram' if int(n) == 2 else 'trigram'} baseline scores {floor:.3f}, beaten on the mean at "
+                 + ", ".join(f"{when} by {' and '.join(names) or 'neither'}" for when, names in below.items()))
+    evidence = (f"recipes gpt {result.tuned['gpt'].recipe}, lstm {result.tuned['lstm'].recipe}; " + "; ".join(parts)
+                + f" (min-max over seeds {lm.seeds_range(result)}; the loss part of (b), at this scale)")
+    if all(w == "gpt" for w in winners.values()):
+        return evidence, "shown here"
+    if "lstm" in winners.values() and "gpt" not in winners.values():
+        return evidence, "contradicted here"
+    return evidence, "not shown here"
+
+
+def lm_figure(ctx, result, curves):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 3.8))
+    T = result.plan.block_size
+    for name, color in (("gpt", "C0"), ("lstm", "C1")):
+        for optimizer, style in (("adamw", "o-"), ("muon", "s--")):
+            tuned = result.optimizer(name, optimizer)
+            a.semilogx([r.grid_lr for r, _ in tuned.tried], [-m for _, m in tuned.tried], style, color=color,
+                       label=f"{name} {optimizer} ({'lr' if optimizer == 'adamw' else 'muon_lr'})")
+            chosen = dict((r.grid_lr, -m) for r, m in tuned.tried)[tuned.recipe.grid_lr]
+            a.plot(tuned.recipe.grid_lr, chosen, "*", ms=12 if tuned is result.tuned[name] else 7, color=color)
+        for runs, style, when in ((result.runs(name), "-", "equal tokens"), (result.timed[name], "--", "equal time")):
+            for r in runs:
+                b.plot(*zip(*r.curve), style, lw=1, color=color, label=f"{name}, {when}" if not r.seed else None)
+        starts, bins = lm.half_octaves(curves[name])  # (seeds, bins)
+        centers = [(s + e - 1) / 2 for s, e in zip(starts, [*starts[1:], T + 1])]
+        c.semilogx(range(1, T + 1), curves[name].mean(0), color=color, alpha=0.25, lw=0.6)
+        c.errorbar(centers, bins.mean(0), yerr=(bins.mean(0) - bins.min(0).values, bins.max(0).values - bins.mean(0)),
+                   fmt="o-", ms=3, color=color, label=f"{name}: half-octave bins, seed min-max")
+    b.axvline(result.budget_s, color="gray", ls=":", lw=1)
+    c.axhline(result.unigram, color="gray", ls="--", lw=1, label="unigram (no context, train split)")
+    for (n, (k, loss)), ls in zip(result.ngram.items(), ("-.", ":")):
+        c.axhline(loss, color="black", ls=ls, lw=1, label=f"{'bigram' if int(n) == 2 else 'trigram'} (add-{k:g})")
+    a.set(xlabel="peak learning rate of the grid (lr or muon_lr)", ylabel="selection loss (val 1st half)",
+          title="grids at equal tokens (big ★: the best recipe)")
+    b.set(xlabel="wall seconds (training + train.py's evals)", ylabel="val loss (train.py's estimate)",
+          title=f"best recipes, seeds {lm.seeds_range(result)} (dotted: the time budget)")
+    c.set(xlabel="position in the context", ylabel="test loss (nats/token)", title="loss by position, equal tokens")
+    for ax in (a, b, c):
+        ax.legend(fontsize=7)
+    ctx.save(fig, "lm.png", lm.lm_detail(result))
+
+
+# --- context: truncation on text, and the repeat corpus ---
+
+@dataclass
+class RepeatRun:
+    """One model trained on the repeat corpus with one recipe, and its selection loss (the repeat's copyable tokens,
+    the val split's 1st half, mean over the distances)."""
+    recipe: Recipe
+    seed: int
+    steps: int
+    seconds: float
+    select: float
+    model: torch.nn.Module
 
 
 def exp_context(ctx):
-    """The loss rise against k on the lm experiment's models, and the repeat corpus's loss against D."""
+    """The loss rise against k on the lm experiment's equal-time models, and the repeat corpus's loss against D."""
     shutil.rmtree(RUNS / "context", ignore_errors=True)
-    budget, summary = BUDGET[ctx.preset], lm.lm_results(ctx)
-    rises = truncation_rises(ctx, budget, summary)
-    repeats = {name: repeat_run(ctx, budget, summary, name) for name in ("gpt", "lstm")}
-    context_rows(ctx, budget, summary, rises, repeats)
-    context_figure(ctx, budget, summary, rises, repeats)
+    budget, result = BUDGET[ctx.preset], lm.lm_results(ctx)
+    ks, rises = ks_for(result.plan.block_size), truncation_rises(ctx, budget, result)
+    repeats = {name: repeat_test(ctx, budget, result, name) for name in lm.NAMES}
+    evidence, status = context_rows(ctx, budget, result, ks, rises, repeats)
+    ctx.verdict("context", "b", evidence, status, rule=CONTEXT_RULE)
+    context_figure(ctx, budget, result, ks, rises, repeats)
 
 
 def truncate(x, k, unigram, generator):
@@ -61,8 +243,8 @@ def truncate(x, k, unigram, generator):
 
 
 def ks_for(T):
-    """k = 8, 16, 32, ... below T, then T itself (nothing replaced)."""
-    return [8 * 2 ** i for i in range(int(math.log2(T / 8)) + 1) if 8 * 2 ** i < T] + [T]
+    """k = 1, 2, 4, ... up to T/2, then T itself (nothing replaced: the reference)."""
+    return [2 ** i for i in range(int(math.log2(T))) if 2 ** i <= T // 2] + [T]
 
 
 @torch.no_grad()
@@ -81,41 +263,45 @@ def last_position_losses(model, tokens, T, ks, unigram, windows, batch_size=32):
     return {k: v / len(starts) for k, v in total.items()}
 
 
-def truncation_rises(ctx, budget, summary):
-    """{name: (runs, ks) tensor of the loss rise over the full window} for every seed of the lm experiment."""
-    T, data_dir = summary["block_size"], summary["data_dir"]
-    counts = np.bincount(load_split(data_dir, "train"), minlength=summary["vocab"])
+def truncation_rises(ctx, budget, result):
+    """{name: (seeds, ks - 1) tensor of the loss rise over the full window} for the lm experiment's equal-time runs."""
+    T, data_dir = result.plan.block_size, result.plan.data_dir
+    counts = np.bincount(load_split(data_dir, "train"), minlength=result.vocab)
     unigram = torch.from_numpy(counts / counts.sum()).float()
     test_half, ks = lm.halves(data_dir)[1], ks_for(T)
     rises = {}
-    for name in ("gpt", "lstm"):
+    for name in lm.NAMES:
         per_run = []
-        for run in tqdm(summary[name]["runs"], desc=f"context: truncating {name}", leave=False):
-            losses = last_position_losses(lm.final_model(run["out"], device=ctx.device), test_half, T, ks, unigram,
+        for run in tqdm(result.timed[name], desc=f"context: truncating {name}", leave=False):
+            losses = last_position_losses(lm.final_model(run.out, device=ctx.device), test_half, T, ks, unigram,
                                           budget["windows"])
-            per_run.append([losses[k] - losses[T] for k in ks])
+            per_run.append([losses[k] - losses[T] for k in ks[:-1]])
         rises[name] = torch.tensor(per_run)
     return rises
 
 
-def effective_context(ks, rises):
-    """The smallest k from which on (every k' >= k) the seeds' mean loss rise is no larger than their min-max range
-    there: context further back than k changes the loss by no more than the seeds differ. rises: (seeds, ks)."""
-    mean, spread = rises.mean(0), rises.max(0).values - rises.min(0).values
+def effective_context(ks, rise):
+    """The smallest k from which on (every k' >= k) the rise stays under MATERIAL; T (ks[-1]) where the rise at T/2
+    still reaches it. rise: one per k of ks[:-1]."""
     effective = ks[-1]
-    for k, m, s in reversed(list(zip(ks, mean.tolist(), spread.tolist()))):
-        if m > s:
+    for k, r in reversed(list(zip(ks, rise))):
+        if r >= MATERIAL:
             break
         effective = k
     return effective
 
 
+def context_words(k, ks):
+    """An effective context in words: the smallest k tried is a floor of what this measure can tell."""
+    return f"<= {k} (the smallest k tried)" if k == ks[0] else str(k)
+
+
 def repeat_batch(tokens, batch_size, distances, span, T, alphabet, generator):
     """Windows of T + 1 tokens of text (tokens) in which one span of tokens drawn uniformly from alphabet (ids)
-    appears twice, the second
-    copy D after the first, both anywhere in the window (no fixed place to find them by); D drawn from distances per
-    row. Returns inputs and targets (B, T), D (B,) and where the second copy starts (B,), which is also the target
-    index of its first copyable token (its first token cannot be known, the other span - 1 can be copied)."""
+    appears twice, the second copy D after the first, both anywhere in the window (no fixed place to find them by); D
+    drawn from distances per row. Returns inputs and targets (B, T), D (B,) and where the second copy starts (B,),
+    which is also the target index of its first copyable token (its first token cannot be known, the other span - 1
+    can be copied)."""
     starts = torch.randint(len(tokens) - T - 1, (batch_size,), generator=generator)
     s = torch.from_numpy(tokens[starts.numpy()[:, None] + np.arange(T + 1)].astype(np.int64))  # (B, T + 1)
     d = torch.tensor(distances)[torch.randint(len(distances), (batch_size,), generator=generator)]  # (B,)
@@ -138,48 +324,74 @@ def copy_targets(at, span):
     return at[:, None] + torch.arange(1, span, device=at.device) - 1
 
 
-def repeat_model(summary, name, T):
+def repeat_model(result, name, T):
     """The lm experiment's model (its shape and corpus vocabulary) with a context of T."""
-    return replace(compose(*summary[name]["overrides"], f"model.block_size={T}").model, vocab_size=summary["vocab"])
+    return replace(compose(*result.models[name].overrides, f"model.block_size={T}").model, vocab_size=result.vocab)
 
 
-def repeat_run(ctx, budget, summary, name):
-    """One model trained on the repeat corpus with its best recipe on the lm corpus, then its loss on the repeat and
-    on the first copy (the same offsets, not copyable) at each D: {D: dict(repeat, se, first)}, with the run's
-    recipe, steps and seconds."""
-    span, distances, data_dir = budget["span"], budget["distances"], summary["data_dir"]
-    T, vocab, lr, steps = budget["context"], summary["vocab"], summary[name]["lr"], budget["steps"]
-    # each model's best recipe on this text, the lm experiment's equal-time choice (with AdamW alone, the lm
-    # experiment's equal-token recipe, the GPT barely copies in these steps: docs/log.md)
-    recipe = summary["best_time"][name]
-    method, muon_lr = lm.RECIPES[recipe][1], summary["equal_time"][recipe]["lr"]
-    train_tokens, test_half = load_split(data_dir, "train"), lm.halves(data_dir)[1]
-    # the span's tokens: the rarer half of the vocabulary, so that the current token mostly finds its one earlier
-    # occurrence in the span (common characters would match all over the text between the copies)
-    alphabet = torch.from_numpy(np.bincount(train_tokens, minlength=vocab).argsort()[:vocab // 2].copy())
-    torch.manual_seed(SEED)
-    model = build_model(repeat_model(summary, name, T)).to(ctx.device)
-    # as the lm experiment trains: warmup then cosine to lr/10, the same steps for both models
-    train_cfg = TrainConfig(learning_rate=lr, min_lr=lr / 10, max_iters=steps, warmup_iters=steps // 10,
-                            optimizer=method, **(dict(muon_lr=muon_lr) if method == "muon" else {}))
+def alphabet_of(result):
+    """The span's tokens: the rarer half of the vocabulary, so that the current token mostly finds its one earlier
+    occurrence in the span (common characters would match all over the text between the copies)."""
+    counts = np.bincount(load_split(result.plan.data_dir, "train"), minlength=result.vocab)
+    return torch.from_numpy(counts.argsort()[:result.vocab // 2].copy())
+
+
+def repeat_test(ctx, budget, result, name):
+    """name tuned on the repeat corpus by its own grids (best_recipe, seed SEED, on the selection half), then the
+    chosen run scored once on the test half: dict(tuned, scores {D: dict(repeat, se, first)})."""
+    def fit(recipe, seed):
+        return repeat_fit(ctx, budget, result, name, recipe, seed)
+    def flat(runs):  # no lr told apart: not worth widening a grid where nothing was learnt
+        return max(r.select for r in runs) - min(r.select for r in runs) < MATERIAL
+    tuned = best_recipe(fit, budget["adamw_lrs"][name], budget["muon_lrs"][name], [SEED], 1,
+                        lambda runs: -statistics.mean(r.select for r in runs), flat, widen=1)
+    chosen, generator = tuned.runs[SEED], torch.Generator().manual_seed(SEED + 2)
+    test_half, alphabet = lm.halves(result.plan.data_dir)[1], alphabet_of(result)
+    scores = {D: repeat_scores(chosen.model, *repeat_batch(test_half, budget["sequences"], [D], budget["span"],
+                                                           budget["context"], alphabet, generator), budget["span"])
+              for D in budget["distances"]}
+    for D, score in scores.items():
+        for metric in ("repeat", "first"):
+            ctx.grid_point("context", name, f"repeat D={D} {repeat_setting(budget, chosen.recipe)}",
+                           chosen.recipe.grid_lr, SEED, chosen.steps, chosen.seconds,
+                           f"{'repeated' if metric == 'repeat' else 'first'} span test loss", round(score[metric], 4))
+    for t in [tuned, *tuned.others]:
+        for r in t.runs.values():
+            r.model = None  # the chosen run is scored; the rest of the models can go
+    return dict(tuned=tuned, scores=scores, steps=chosen.steps, seconds=chosen.seconds)
+
+
+def repeat_setting(budget, recipe):
+    return (f"span={budget['span']} context={budget['context']} {recipe.optimizer}"
+            + (f" adamw_lr={recipe.lr:g}" if recipe.optimizer == "muon" else ""))
+
+
+def repeat_fit(ctx, budget, result, name, recipe, seed):
+    """One model trained on the repeat corpus with recipe (warmup then cosine to lr/10, as the lm runs), scored on
+    the selection half: a RepeatRun."""
+    span, distances, T, steps = budget["span"], budget["distances"], budget["context"], budget["steps"]
+    train_tokens, select_half = load_split(result.plan.data_dir, "train"), lm.halves(result.plan.data_dir)[0]
+    alphabet = alphabet_of(result)
+    torch.manual_seed(seed)
+    model = build_model(repeat_model(result, name, T)).to(ctx.device)
+    train_cfg = TrainConfig(learning_rate=recipe.lr, min_lr=recipe.lr / 10, max_iters=steps, warmup_iters=steps // 10,
+                            optimizer=recipe.optimizer,
+                            **(dict(muon_lr=recipe.muon_lr) if recipe.optimizer == "muon" else {}))
     optimizer = make_optimizer(model, train_cfg, ctx.device)
-    generator, start, train_ds = torch.Generator().manual_seed(SEED), time.time(), training_distances(distances)
-    for it in tqdm(range(steps), desc=f"context: repeat corpus, {name}", leave=False):
+    generator, start, train_ds = torch.Generator().manual_seed(seed), time.time(), training_distances(distances)
+    for it in tqdm(range(steps), desc=f"context: repeat corpus, {name} {recipe}", leave=False):
         set_lr(optimizer, get_lr(it, train_cfg))
         x, y, _, at = repeat_batch(train_tokens, budget["batch_size"], train_ds, span, T, alphabet, generator)
         y = copyable(y, at, span)  # a brief run spends every gradient on the copy (the text's loss: the lm experiment)
         train_step(model, optimizer, [(x.to(ctx.device), y.to(ctx.device))], grad_clip=train_cfg.grad_clip)
-    seconds, generator = time.time() - start, torch.Generator().manual_seed(SEED + 1)
+    seconds, generator = time.time() - start, torch.Generator().manual_seed(seed + 1)
     model.eval()
-    scores = {D: repeat_scores(model, *repeat_batch(test_half, budget["test_sequences"], [D], span, T, alphabet,
-                                                    generator), span) for D in distances}
-    recipe_setting, grid_lr = (f"muon adamw_lr={lr:g}", muon_lr) if method == "muon" else ("adamw", lr)
-    for D, score in scores.items():
-        for metric in ("repeat", "first"):
-            ctx.grid_point("context", name, f"repeat D={D} span={span} context={T} {recipe_setting}", grid_lr, SEED,
-                           steps, seconds,
-                           f"{'repeated' if metric == 'repeat' else 'first'} span test loss", round(score[metric], 4))
-    return dict(scores=scores, steps=steps, seconds=seconds, lr=lr, muon_lr=muon_lr, optimizer=method, T=T)
+    select = statistics.mean(
+        repeat_scores(model, *repeat_batch(select_half, budget["sequences"], [D], span, T, alphabet, generator),
+                      span)["repeat"] for D in distances)
+    ctx.grid_point("context", name, repeat_setting(budget, recipe), recipe.grid_lr, seed, steps, seconds,
+                   "repeated span selection loss, mean over D", round(select, 4))
+    return RepeatRun(recipe, seed, steps, seconds, select, model)
 
 
 def copyable(y, at, span):
@@ -204,11 +416,6 @@ def repeat_scores(model, x, y, d, at, span, batch_size=32):
                 first=first.mean().item())
 
 
-# the smallest loss difference that counts (10% in perplexity): a few hundredths of a nat can come from a model
-# raising every token it has just seen, a cache rather than a look-up of what came next
-MATERIAL = 0.1
-
-
 def copied(score, uniform):
     """Whether the repeat costs less than both the first copy and a uniform guess over the span's alphabet (uniform,
     nats) by more than MATERIAL and twice the repeat's standard error: a model that is confidently wrong on the first
@@ -216,113 +423,144 @@ def copied(score, uniform):
     return min(score["first"], uniform) - score["repeat"] > max(2 * score["se"], MATERIAL)
 
 
-def decide(gpt, lstm, gpt_copies, lstm_copies):
-    """The verdict from the repeat's loss by D (ascending), each model's [(loss, standard error)], and how many of
-    the distances each model copies at: shown where the LSTM is worse than the GPT at the longest D and either copies
-    at fewer distances or its loss rises from the shortest to the longest D more than the GPT's, each by more than
-    MATERIAL and twice their standard errors; contradicted where the LSTM is better at the longest D by more than
-    that; not shown otherwise."""
+def text_outcome(gpt_effective, lstm_effective):
+    """The text test by CONTEXT_RULE, from each seed's effective context: "gpt", "lstm" (uses more) or None."""
+    return {1: "gpt", -1: "lstm", 0: None}[apart(gpt_effective, lstm_effective)]
+
+
+def repeat_outcome(gpt, lstm, gpt_copies, lstm_copies, distances):
+    """The repeat test by CONTEXT_RULE: gpt, lstm: the repeat's (loss, standard error) by D (ascending); *_copies: the
+    distances each model copies at. "gpt", "lstm" or None (undecided, or a distance result that does not count)."""
+    if distances[0] not in gpt_copies or distances[0] not in lstm_copies:
+        return None
     gap = lstm[-1][0] - gpt[-1][0]
     gap_noise = max(2 * math.hypot(gpt[-1][1], lstm[-1][1]), MATERIAL)
     rise = (lstm[-1][0] - lstm[0][0]) - (gpt[-1][0] - gpt[0][0])
     rise_noise = max(2 * math.sqrt(sum(se ** 2 for _, se in (gpt[0], gpt[-1], lstm[0], lstm[-1]))), MATERIAL)
     if gap < -gap_noise:
-        return "contradicted here"
-    if gap > gap_noise and (lstm_copies < gpt_copies or rise > rise_noise):
+        return "lstm"
+    if gap > gap_noise and (len(lstm_copies) < len(gpt_copies) or rise > rise_noise):
+        return "gpt"
+    return None
+
+
+def context_status(text, repeat, lstm_copies_shortest):
+    """The verdict from the two tests' outcomes (text_outcome, repeat_outcome)."""
+    outcomes = {text, repeat} - {None}
+    if outcomes == {"gpt"}:
         return "shown here"
+    if outcomes == {"lstm"}:
+        return "contradicted here"
+    if not lstm_copies_shortest:
+        return "not shown here (the LSTM does not copy even at the shortest D: that is reason (c))"
     return "not shown here"
 
 
-def context_rows(ctx, budget, summary, rises, repeats):
-    T, ks = summary["block_size"], ks_for(summary["block_size"])
-    seeds = ", ".join(str(r["seed"]) for r in summary["gpt"]["runs"])
-    def cell(name):
-        return " / ".join(f"{v:+.3f}" for v in rises[name].mean(0).tolist()[:-1])
-    effective = {name: effective_context(ks, rises[name]) for name in rises}
+def context_rows(ctx, budget, result, ks, rises, repeats):
+    """The context rows; returns the verdict's (evidence, status)."""
+    T, recipes = result.plan.block_size, {n: result.tuned[n].recipe for n in lm.NAMES}
+    effective = {n: [effective_context(ks, r) for r in rises[n].tolist()] for n in lm.NAMES}
+    mean_effective = {n: effective_context(ks, rises[n].mean(0).tolist()) for n in lm.NAMES}
+    models = (f"the lm experiment's equal-time models ({result.budget_s:g} s of training each; gpt {recipes['gpt']}, "
+              f"lstm {recipes['lstm']}), context {T}, seeds {lm.seeds_range(result)}")
     ctx.row("context", "loss rise at the last position, tokens more than k back replaced, k = "
-            + " / ".join(map(str, ks[:-1])), cell("gpt"), cell("lstm"),
-            f"the lm experiment's models (context {T}), mean of seeds {seeds}; replaced by draws from the train "
-            f"split's unigram distribution (Khandelwal et al. 2018), the same draws for every model; "
-            f"{budget['windows']} test windows (val 2nd half) scored at position {T}")
-    ctx.row("context", f"effective context (k from which on the rise is within the seeds' min-max range), of {T}",
-            str(effective["gpt"]), str(effective["lstm"]),
-            "the seeds' range of the rise: gpt " + " / ".join(f"{v:.3f}" for v in spread(rises["gpt"])[:-1])
-            + ", lstm " + " / ".join(f"{v:.3f}" for v in spread(rises["lstm"])[:-1])
-            + (f"; at k = {T} nothing is replaced" if effective["gpt"] == T or effective["lstm"] == T else ""))
+            + " / ".join(map(str, ks[:-1])), *(" / ".join(f"{v:+.3f}" for v in rises[n].mean(0).tolist())
+                                               for n in lm.NAMES),
+            f"{models}; mean of the seeds; replaced by draws from the train split's unigram distribution (Khandelwal "
+            f"et al. 2018), the same draws for every model; {budget['windows']} test windows (val 2nd half) scored at "
+            f"position {T}; the largest rise of any seed: " + ", ".join(f"{n} {rises[n].max().item():+.3f}"
+                                                                        for n in lm.NAMES))
+    ctx.row("context", f"effective context (the smallest k from which on the rise stays under {MATERIAL} nats), of "
+            f"{T}", *(context_words(mean_effective[n], ks) for n in lm.NAMES),
+            "the seeds' mean rise; each seed's own: " + "; ".join(f"{n} {', '.join(map(str, effective[n]))}"
+                                                                  for n in lm.NAMES)
+            + f"; {ks[0]} is the smallest k tried, a floor of what this measure tells")
     distances, span = budget["distances"], budget["span"]
     def losses(name, key):
         return " / ".join(f"{repeats[name]['scores'][D][key]:.3f}" for D in distances)
-    trained = "; ".join(f"{name} {recipe_note(repeats[name])}, {repeats[name]['steps']} steps in "
-                        f"{repeats[name]['seconds']:.0f} s" for name in ("gpt", "lstm"))
-    uniform = math.log(summary["vocab"] // 2)
+    trained = "; ".join(f"{n} {repeats[n]['tuned'].recipe} ({repeat_grids(repeats[n]['tuned'])}), "
+                        f"{repeats[n]['steps']} steps in {repeats[n]['seconds']:.0f} s" for n in lm.NAMES)
+    uniform = math.log(result.vocab // 2)
     ctx.row("context", f"loss on a repeated span of {span} random tokens at D = " + " / ".join(map(str, distances)),
             losses("gpt", "repeat"), losses("lstm", "repeat"),
             f"each model trained on text (the lm corpus) with a span repeated at a distance drawn log-uniform from "
-            f"{min(distances)}-{max(distances)}, scored at each D on the repeat's "
-            f"copyable {span - 1} tokens only, context "
-            f"{repeats['gpt']['T']}, {budget['batch_size']} sequences a step, seed {SEED}; {trained}; the first "
-            f"copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (a uniform guess over the span's "
-            f"alphabet, the vocabulary's rarer half: {uniform:.2f}); "
-            f"{budget['test_sequences']} test sequences a D (val 2nd half), "
-            f"standard error up to {max(s['se'] for r in repeats.values() for s in r['scores'].values()):.3f}")
-    by_d = {name: [(repeats[name]["scores"][D]["repeat"], repeats[name]["scores"][D]["se"]) for D in distances]
-            for name in ("gpt", "lstm")}
-    copies = {name: [D for D in distances if copied(repeats[name]["scores"][D], uniform)] for name in ("gpt", "lstm")}
-    status = decide(by_d["gpt"], by_d["lstm"], len(copies["gpt"]), len(copies["lstm"]))
+            f"{min(distances)}-{max(distances)}, its loss on the repeat's copyable {span - 1} tokens only, context "
+            f"{budget['context']}, {budget['batch_size']} sequences a step, seed {SEED}; each model's recipe tuned "
+            f"on the repeat itself (AdamW's lr grid, then Muon's muon_lr grid, chosen on the val split's 1st half): "
+            f"{trained}; the first copy costs gpt {losses('gpt', 'first')}, lstm {losses('lstm', 'first')} (a uniform "
+            f"guess over the span's alphabet, the vocabulary's rarer half: {uniform:.2f}); {budget['sequences']} test "
+            f"sequences a D (val 2nd half), standard error up to "
+            f"{max(s['se'] for r in repeats.values() for s in r['scores'].values()):.3f}")
+    by_d = {n: [(repeats[n]["scores"][D]["repeat"], repeats[n]["scores"][D]["se"]) for D in distances]
+            for n in lm.NAMES}
+    copies = {n: [D for D in distances if copied(repeats[n]["scores"][D], uniform)] for n in lm.NAMES}
+    text = text_outcome(effective["gpt"], effective["lstm"])
+    repeat = repeat_outcome(by_d["gpt"], by_d["lstm"], copies["gpt"], copies["lstm"], distances)
+    status = context_status(text, repeat, distances[0] in copies["lstm"])
     lo, hi = distances[0], distances[-1]
-    copy_note = "; ".join(f"{name} copies (repeat below the first copy and the uniform guess by > 2 standard errors "
-                          f"and > {MATERIAL} "
-                          "nats) at D = " + (", ".join(map(str, Ds)) if Ds else "none") for name, Ds in copies.items())
-    evidence = (f"on the repeated span the LSTM's loss goes {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f} "
-                f"nats from D = {lo} to {hi}, the GPT's {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f} "
-                f"(a difference counts beyond twice the standard errors and {MATERIAL} nats); effective context on "
-                f"text {effective['gpt']} (gpt) / {effective['lstm']} (lstm) of {T}")
+    counts = distances[0] in copies["gpt"] and distances[0] in copies["lstm"]
+    evidence = (f"text: effective context per seed gpt {', '.join(map(str, effective['gpt']))}, lstm "
+                f"{', '.join(map(str, effective['lstm']))} of {T} (k from {ks[0]}), "
+                + (f"{text} uses more" if text else "not apart") + "; repeat: copies at D = "
+                + "; ".join(f"{n} {', '.join(map(str, copies[n])) or 'none'}" for n in lm.NAMES)
+                + f"; loss on the repeat from D = {lo} to {hi}: gpt {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f}"
+                f", lstm {by_d['lstm'][0][0]:.3f} -> {by_d['lstm'][-1][0]:.3f}, "
+                + ((f"{repeat} does better far off" if repeat else "no difference that counts") if counts else
+                   f"a distance result does not count, as not both models copy at D = {lo} (copying at all is "
+                   f"reason (c))"))
     gap = by_d["lstm"][-1][0] - by_d["gpt"][-1][0]
     ctx.row("context", f"gap at D = {hi}, LSTM - GPT, repeated span", f"{gap:+.3f}", "-",
-            f"{evidence}; {copy_note}; that the LSTM uses long context worse than attention is {status}")
-    ctx.verdict("context", "b", evidence, status)
+            f"{evidence}; that the LSTM uses long context worse than attention is {status}")
+    return evidence, status
 
 
-def recipe_note(run):
-    """The repeat run's optimizer and lrs, the lm experiment's equal-time choice."""
-    muon = run["optimizer"] == "muon"
-    lrs = f"muon_lr {run['muon_lr']:g}, AdamW part at lr {run['lr']:g}" if muon else f"lr {run['lr']:g}"
-    return f"{run['optimizer']} ({lrs}; its best recipe at equal time in the lm experiment)"
+def repeat_grids(tuned):
+    """The repeat's grids tried, with their selection losses."""
+    return "; ".join(f"{t.recipe.optimizer} " + ", ".join(f"{r.grid_lr:g}: {-m:.3f}" for r, m in t.tried)
+                     for t in sorted([tuned, *tuned.others], key=lambda t: t.recipe.optimizer))
 
 
-def spread(rises):
-    """The seeds' min-max range at each k."""
-    return (rises.max(0).values - rises.min(0).values).tolist()
-
-
-def context_figure(ctx, budget, summary, rises, repeats):
-    ks = ks_for(summary["block_size"])
+def context_figure(ctx, budget, result, ks, rises, repeats):
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for name, color in (("gpt", "C0"), ("lstm", "C1")):
         r = rises[name]
         mean = r.mean(0)
-        a.errorbar(ks, mean, yerr=(mean - r.min(0).values, r.max(0).values - mean), fmt="o-", ms=3, capsize=3,
+        a.errorbar(ks[:-1], mean, yerr=(mean - r.min(0).values, r.max(0).values - mean), fmt="o-", ms=3, capsize=3,
                    color=color, label=f"{name} ({len(r)} seeds, min-max)")
-        a.axvline(effective_context(ks, r), color=color, ls=":", lw=1)
-        distances = budget["distances"]
-        scores = repeats[name]["scores"]
+        a.axvline(effective_context(ks, mean.tolist()), color=color, ls=":", lw=1)
+        distances, scores = budget["distances"], repeats[name]["scores"]
         b.errorbar(distances, [scores[D]["repeat"] for D in distances], yerr=[2 * scores[D]["se"] for D in distances],
                    fmt="o-", capsize=3, color=color, label=f"{name}: repeated span")
         b.plot(distances, [scores[D]["first"] for D in distances], "--", color=color, lw=1,
                label=f"{name}: first copy")
     a.set_xscale("log", base=2)
-    a.set_xticks(ks, [str(k) for k in ks])
+    a.set_xticks(ks[:-1], [str(k) for k in ks[:-1]])
     a.axhline(0, color="gray", lw=0.8)
+    a.axhline(MATERIAL, color="gray", ls="--", lw=0.8, label=f"{MATERIAL} nats")
     a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the full window (nats)",
-          title="lm models: context beyond k replaced (dotted: effective)")
-    b.axhline(math.log(summary["vocab"] // 2), color="gray", ls=":", lw=1, label="a uniform guess over the alphabet")
+          title="equal-time lm models: context beyond k replaced (dotted: effective)")
+    b.axhline(math.log(result.vocab // 2), color="gray", ls=":", lw=1, label="a uniform guess over the alphabet")
     b.set_xscale("log", base=2)
     b.set_xticks(budget["distances"], [str(D) for D in budget["distances"]])
     b.set(xlabel="distance D between the span and its repeat", ylabel="test loss on the span (nats/token)",
-          title="repeat corpus (bars: 2 standard errors)")
+          title="repeat corpus, each model's own tuned recipe (bars: 2 s.e.)")
     for ax in (a, b):
         ax.legend(fontsize=7)
-    ctx.save(fig, "context.png", f"left: {lm.lm_detail(summary)}\nright: the same shapes at context "
-             f"{repeats['gpt']['T']}, trained {budget['steps']} steps x {budget['batch_size']} "
-             f"sequences on the repeat corpus (D log-uniform in {min(budget['distances'])}-"
-             f"{max(budget['distances'])}), span {budget['span']}, seed {SEED}")
+    trained = ", ".join(f"{n} {repeats[n]['tuned'].recipe}" for n in lm.NAMES)
+    ctx.save(fig, "context.png", f"left: {lm.lm_detail(result)}\nright: the same shapes at context "
+             f"{budget['context']}, trained {budget['steps']} steps x {budget['batch_size']} sequences on the repeat "
+             f"corpus (D log-uniform in {min(budget['distances'])}-{max(budget['distances'])}), span {budget['span']}, "
+             f"seed {SEED}: {trained}")
+
+
+# --- sizes' rule (sizes.py runs it) ---
+
+def sizes_status(tokens_per_param, seeds, gaps):
+    """The verdict by SIZES_RULE: per size (smallest first), its training tokens per parameter, its seeds and the
+    gaps (LSTM - GPT test loss, one per seed)."""
+    regime = [i for i, (t, s) in enumerate(zip(tokens_per_param, seeds)) if t >= KAPLAN_TOKENS_PER_PARAM and s >= 3]
+    if len(regime) < 3:
+        return (f"not shown here (not reached at this scale: {min(tokens_per_param):.2g}-"
+                f"{max(tokens_per_param):.2g} tokens per parameter)")
+    grows = apart(gaps[regime[-1]], gaps[regime[0]])
+    return {1: "shown here", -1: "contradicted here", 0: "not shown here"}[grows]

@@ -161,14 +161,14 @@ def exp_paths(ctx):
 def gradient_paths(ctx):
     """|∂ loss at the last position / ∂ embedding at t| against the distance T - t, for fresh and trained models:
     what the path length means for learning (Bengio et al. 1994; Hochreiter 1991)."""
-    summary = lm_results(ctx)  # the lm experiment's models, trained first where they are not there
+    result = lm_results(ctx)  # the lm experiment's models, trained first where they are not there
     fig, ax = plt.subplots(figsize=(7, 4))
     ratios = {}
     for name in ("gpt", "lstm"):
         trained_model, _ = load_model(best_run(name))
         torch.manual_seed(0)
         fresh_model = type(trained_model)(trained_model.config).eval()  # the same architecture, untrained
-        T, val = trained_model.config.block_size, load_split(summary[name]["data_dir"], "val")
+        T, val = trained_model.config.block_size, load_split(result.plan.data_dir, "val")
         starts = torch.linspace(0, len(val) - T - 2, 32).long()
         windows = torch.stack([torch.from_numpy(val[s:s + T + 1].astype("int64")) for s in starts])
         for trained, model in ((False, fresh_model), (True, trained_model)):
@@ -186,7 +186,7 @@ def gradient_paths(ctx):
     ax.set(xlabel="distance T - t (tokens)", ylabel="|∂ loss_T / ∂ embedding_t|, mean of 32 windows",
            title="how strongly the last prediction's gradient reaches each earlier token")
     ax.legend(fontsize=8)
-    ctx.save(fig, "gradient_paths.png", lm_detail(summary))
+    ctx.save(fig, "gradient_paths.png", lm_detail(result))
     ctx.row("paths", "trained: gradient reaching the 16 farthest / the 16 nearest tokens", f"{ratios['gpt']:.2g}",
             f"{ratios['lstm']:.2g}", "through a recurrence the gradient shrinks with distance")
 

@@ -70,25 +70,26 @@ def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3, flat=None):
     return best, lrs, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}
 
 
-def tune(fit, recipe_at, lrs, seeds, grid_seeds, merit, flat=None):
+def tune(fit, recipe_at, lrs, seeds, grid_seeds, merit, flat=None, widen=3):
     """One optimizer's grid for one model: recipe_at(lr) is the recipe at grid point lr, fit(recipe, seed) trains it.
     Returns a Tuned whose runs cover every seed at the chosen point."""
     grid_seeds = min(grid_seeds, len(seeds))
     best, tried, grid, runs = seed_grid(lambda lr, seed: fit(recipe_at(lr), seed), lrs, seeds, grid_seeds, merit,
-                                        flat=flat)
+                                        widen, flat)
     points = [(recipe_at(lr), merit([grid[lr, seed] for seed in seeds[:grid_seeds]])) for lr in tried]
     is_flat = bool(flat and flat(list(grid.values())))
     edge = not is_flat and len(tried) > 1 and best in (tried[0], tried[-1])
     return Tuned(recipe_at(best), points, edge, runs, is_flat)
 
 
-def best_recipe(fit, adamw_lrs, muon_lrs, seeds, grid_seeds, merit, flat=None):
+def best_recipe(fit, adamw_lrs, muon_lrs, seeds, grid_seeds, merit, flat=None, widen=3):
     """Each model at its best: AdamW's lr grid, then Muon's muon_lr grid with its AdamW part at AdamW's chosen lr
     (skipped when muon_lrs is empty); the optimizer whose chosen runs have the higher merit over every seed."""
-    adamw = tune(fit, lambda lr: Recipe("adamw", lr), adamw_lrs, seeds, grid_seeds, merit, flat)
+    adamw = tune(fit, lambda lr: Recipe("adamw", lr), adamw_lrs, seeds, grid_seeds, merit, flat, widen)
     if not muon_lrs:
         return adamw
-    muon = tune(fit, lambda lr: Recipe("muon", adamw.recipe.lr, lr), muon_lrs, seeds, grid_seeds, merit, flat)
+    muon = tune(fit, lambda lr: Recipe("muon", adamw.recipe.lr, lr), muon_lrs, seeds, grid_seeds, merit, flat,
+                widen)
     best, other = (muon, adamw) if merit(list(muon.runs.values())) > merit(list(adamw.runs.values())) else (adamw, muon)
     best.others = [other]
     return best
