@@ -1,5 +1,5 @@
-"""scripts/report's measuring tools: the counts behind Table 1. tests/test_report_recall.py has the synthetic tasks,
-equal sizes, the bytes of state and the lr/seed grid; tests/test_report_lm.py the language-model experiments;
+"""scripts/report's measuring tools: the counts behind Table 1. tests/test_report_retrieval.py has the synthetic
+tasks, equal sizes, the bytes of state and each model's tuning; tests/test_report_lm.py the language-model experiments;
 tests/test_report_cost.py the KV cache's bytes. No wall-clock asserts."""
 import json
 import os
@@ -54,23 +54,23 @@ def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_p
     assert set(report_cli.FULL_ONLY) < set(report_cli.EXPERIMENTS)  # names the registry knows
     ran = []
     monkeypatch.setattr(report_cli, "EXPERIMENTS", {name: lambda ctx, name=name: ran.append((ctx.preset, name))
-                                                    for name in ("scaling", "recall", "positions", "window", "lm")})
+                                                    for name in ("scaling", "mqar", "positions", "window", "lm")})
     monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds, hardware: None)
-    for flags in ([], ["--full"], ["--only", "recall,lm"]):
+    for flags in ([], ["--full"], ["--only", "mqar,lm"]):
         ran.clear()
         monkeypatch.setattr(sys, "argv", ["scripts.report", "--device", "cpu", "--out", str(tmp_path), *flags])
         report_cli.main()
         names = [name for _, name in ran]
-        assert names == {0: ["scaling", "lm"], 1: ["scaling", "recall", "positions", "window", "lm"],
-                         2: ["recall", "lm"]}[len(flags)]
+        assert names == {0: ["scaling", "mqar", "lm"], 1: ["scaling", "mqar", "positions", "window", "lm"],
+                         2: ["mqar", "lm"]}[len(flags)]
 
 
 def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(report_cli, "EXPERIMENTS", dict(recall=None, lm=None, sizes=None, throughput=None))
+    monkeypatch.setattr(report_cli, "EXPERIMENTS", dict(mqar=None, lm=None, sizes=None, throughput=None))
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
-    ctx.verdict("recall", "c", "GPT 100% vs LSTM 6% at 16 pairs", "shown here")
+    ctx.verdict("mqar", "c", "GPT 100% vs LSTM 6% at 16 pairs", "shown here")
     ctx.verdict("lm", "b", "gap 0.1 nats", "shown here")
-    report_cli.write_report(ctx, ["recall", "lm"], {"recall": 1.0, "lm": 2.0})
+    report_cli.write_report(ctx, ["mqar", "lm"], {"mqar": 1.0, "lm": 2.0})
     later = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")  # only sizes runs again
     later.verdict("sizes", "b", "gap flat", "not shown here")
     report_cli.write_report(later, ["sizes"], {"sizes": 3.0})
@@ -79,7 +79,7 @@ def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_
     assert "no experiment of this run" in table[2] and "**not run**" in table[2]
     assert "lm: gap 0.1 nats; sizes: gap flat" in table[3]
     assert "**shown here (lm); not shown here (sizes)**" in table[3]  # the experiments disagree: each is named
-    assert table[4].endswith("| recall: GPT 100% vs LSTM 6% at 16 pairs | **shown here** |")
+    assert table[4].endswith("| mqar: GPT 100% vs LSTM 6% at 16 pairs | **shown here** |")
     with pytest.raises(ValueError, match="pick from"):
         ctx.verdict("lm", "b", "x", "proved")
     ctx.verdict("lm", "a", "x", "not shown here (needs a GPU)")  # a reason in brackets is allowed
@@ -117,7 +117,7 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
             ran.append((name, torch.get_num_threads()))
             ctx.row(name, "m", "1", "2")
         return run
-    names = ("scaling", "recall", "lm", "sizes", "context", "throughput")
+    names = ("scaling", "mqar", "lm", "sizes", "context", "throughput")
     monkeypatch.setattr(report_cli, "EXPERIMENTS", {n: part(n) for n in names})
     monkeypatch.setattr(report_cli, "ProcessPoolExecutor", InProcessPool)
     threads = torch.get_num_threads()
@@ -127,8 +127,8 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
         seconds, hardware = report_cli.run_parts(ctx, list(names), jobs=2)
     finally:
         torch.set_num_threads(threads)
-    assert ran == [("lm", 2), ("sizes", 1), ("context", 1), ("recall", 1), ("scaling", 1), ("throughput", 2)]
-    assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "recall", "scaling"}
+    assert ran == [("lm", 2), ("sizes", 1), ("mqar", 1), ("context", 1), ("scaling", 1), ("throughput", 2)]
+    assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "mqar", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
     trained = []  # without lm in the run, a pooled part that reads its runs has them trained once, before the pool

@@ -1,10 +1,10 @@
 """Why attention replaced RNNs, measured on this machine: a GPT against an LSTM of the same size, in one command.
 
-    python -m scripts.report                    # quick preset (no recall, positions, window): results/quick/
+    python -m scripts.report                    # quick preset (no positions, window): results/quick/
     python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
     python -m scripts.report --full --jobs 2    # the untimed parts two at a time, one thread each
-    python -m scripts.report --only recall      # one experiment (or several, comma-separated): into out/report/quick/
-    python -m scripts.report --only recall --out scripts/report/results/quick   # ... into the committed report
+    python -m scripts.report --only mqar        # one experiment (or several, comma-separated): into out/report/quick/
+    python -m scripts.report --only mqar --out scripts/report/results/quick     # ... into the committed report
     python -m scripts.report --only lm --data-path tinyshakespeare.txt  # a real corpus of your own
     python train.py && python -m scripts.report --only text --text-run out  # the default GPT's heads on real code
 
@@ -30,13 +30,13 @@ from scripts.report.context import exp_context, exp_lm
 from scripts.report.cost import exp_generation, exp_long, exp_throughput
 from scripts.report.lm import exp_positions, exp_window, lm_results
 from scripts.report.mechanism import exp_paths, exp_scaling
-from scripts.report.recall import exp_induction, exp_recall, exp_recall_state
+from scripts.report.retrieval import exp_induction, exp_mqar
 from scripts.report.sizes import exp_sizes
 from scripts.report.text import exp_text
 
 # in this order, which is also the tables': positions, window, sizes, context, text and paths read the lm experiment's
 # runs
-EXPERIMENTS = dict(scaling=exp_scaling, recall=exp_recall, recall_state=exp_recall_state, induction=exp_induction,
+EXPERIMENTS = dict(scaling=exp_scaling, induction=exp_induction, mqar=exp_mqar,
                    lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
                    text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
                    generation=exp_generation)
@@ -44,12 +44,12 @@ RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "mingru", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
 VERDICT_FIELDS = ["experiment", "reason", "rule", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
 # decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
-FULL_ONLY = ("recall", "positions", "window")
+FULL_ONLY = ("positions", "window")
 # parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
 ALONE = ("lm", "window", "throughput", "long", "generation")
 READS_LM = ("positions", "window", "sizes", "context", "text", "paths")  # train the lm experiment's models first
 # the other parts, longest first, so that the workers finish together (runs.json has their wall times)
-POOLED = ("sizes", "recall_state", "context", "positions", "recall", "induction", "text", "paths", "scaling")
+POOLED = ("sizes", "induction", "mqar", "context", "positions", "text", "paths", "scaling")
 
 
 def merge_csv(path, fields, new_rows, replaced):

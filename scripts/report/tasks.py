@@ -1,5 +1,5 @@
-"""The synthetic tasks (multi-query associative recall, induction), the equal-size model pair, the bytes of state
-each model carries, the short training loop both models go through, and the learning-rate/seed grid around it."""
+"""The synthetic tasks (multi-query associative recall, induction), the equal-size models (GPT, LSTM, minGRU), the
+bytes of state each carries, and the short training loop every model goes through. Tuning lives in protocol.py."""
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -11,10 +11,9 @@ from tqdm import tqdm
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
-from scripts.report.protocol import seed_grid
+from attnlab.rnn import mingru_params
 
 IMPROVING = 0.01  # "still improving at the cap": the selection loss fell by more than this fraction in the last quarter
-FLAT_SE = 2  # a grid is flat when no run solved and its best selection accuracy beats its worst by under this many s.e.
 
 
 def lstm_preset(vocab_size):
@@ -30,19 +29,26 @@ def rnn_width(target, vocab_size, n_layer=2, gates=4, tied=False):
     return min(range(4, 2048), key=lambda h: abs(count(h) - target))
 
 
-def synthetic_models(vocab_size, seq_len):
-    """A 2-layer GPT and the 2-layer LSTM of the same size for the synthetic tasks. One head per layer and an
-    untied head: the 4-head and tied variants stay far longer on the chance plateau (docs/log.md)."""
-    gpt = ModelConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_head=1, n_embd=64, tie_weights=False)
-    width = rnn_width(build_model(gpt).num_params(), vocab_size)
-    lstm = ModelConfig(type="lstm", vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_embd=width,
-                       tie_weights=False)
-    return {"gpt": gpt, "lstm": lstm}
+def mingru_width(target, vocab_size, n_layer=2, tied=False):
+    """The minGRU width whose parameter count (attnlab/rnn.py's mingru_params) is closest to target."""
+    return min(range(4, 2048), key=lambda h: abs(mingru_params(h, vocab_size, n_layer, tied) - target))
+
+
+def synthetic_models(vocab_size, seq_len, n_embd=64):
+    """A 2-layer GPT of width n_embd and the 2-layer LSTM and minGRU of the same parameter count, for the synthetic
+    tasks. One head per layer and an untied head: the 4-head and tied variants stay far longer on the chance plateau
+    (docs/log.md)."""
+    gpt = ModelConfig(vocab_size=vocab_size, block_size=seq_len, n_layer=2, n_head=1, n_embd=n_embd,
+                      tie_weights=False)
+    n_params = build_model(gpt).num_params()
+    widths = {"lstm": rnn_width(n_params, vocab_size), "mingru": mingru_width(n_params, vocab_size)}
+    return {"gpt": gpt, **{name: replace(gpt, type=name, n_embd=width) for name, width in widths.items()}}
 
 
 def state_bytes(cfg, seq_len):
     """Bytes of state a model carries per sequence after seq_len tokens, in fp32: a GPT's KV cache (K and V of every
-    layer and token) or an LSTM's h and c of every layer (a GRU's h), which does not grow with seq_len."""
+    layer and token), an LSTM's h and c of every layer, or a GRU's or minGRU's h of every layer (n_layer x n_embd
+    x 4 B); a recurrent state does not grow with seq_len."""
     arch = cfg.architecture()
     if cfg.type == "gpt":
         return 2 * arch.n_layer * arch.kv_heads * arch.head_size * seq_len * 4
@@ -114,7 +120,7 @@ def evaluate(model, x, y):
 class Run:
     """One trained configuration: the model as training left it, the curve [(step, {eval set: accuracy})], the steps
     and seconds it took, its mean accuracy over the eval sets at the end, whether it reached stop_at on every eval
-    set, whether it was still improving when the cap stopped it, and (filled by tune) its test accuracies."""
+    set, whether it was still improving when the cap stopped it, and (filled by its caller) its test accuracies."""
     model: torch.nn.Module
     curve: list
     steps: int
@@ -137,17 +143,16 @@ def still_improving(losses, steps):
 
 
 def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.99, eval_every=50, seed=0,
-                    desc="train", optimizer="muon"):
+                    desc="train", optimizer="muon", muon_lr=0.02):
     """A short plain loop (train.py's optimizers, warmup + cosine schedule to the cap `steps` and gradient
     clipping) on freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the
     eval sets; it stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap,
     whatever its model. At the cap it records whether the summed selection loss was still falling (still_improving)."""
     torch.manual_seed(seed)
     model = build_model(model_cfg).to(device)
-    # by default Muon (at its default muon_lr) on the hidden matrices, lr for the rest: with AdamW alone the GPT too
-    # stays at chance for 600 steps of recall (docs/log.md); optimizer="adamw" puts every parameter on AdamW at lr
+    # optimizer="muon": Muon at muon_lr on the hidden matrices, AdamW at lr on the rest; "adamw": AdamW at lr on all.
     # fp32 (the loop never autocasts), so Muon's iterations are fp32 on every CPU, not bf16 where it is native
-    train_cfg = TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=lr / 10, max_iters=steps,
+    train_cfg = TrainConfig(optimizer=optimizer, learning_rate=lr, min_lr=lr / 10, muon_lr=muon_lr, max_iters=steps,
                             warmup_iters=min(50, steps // 10), dtype="float32")
     optim = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -167,54 +172,3 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
     select = sum(curve[-1][1].values()) / len(evals)
     improving = not solved and still_improving(losses, steps)
     return Run(model.eval(), curve, it, time.time() - start, select, solved, improving)
-
-
-@dataclass
-class Tuned:
-    """A model's grid: the lr chosen on the selection set, whether it still sits at an end of the grid after
-    widening (the best may lie beyond it), the runs at that lr, one per seed, the seconds every run of the grid took
-    together, the lrs tried, and whether the grid was flat (no lr told apart from another, so it was not widened)."""
-    lr: float
-    edge: bool
-    runs: dict  # seed -> Run
-    seconds: float
-    lrs: list  # the grid as tried, widened past an end that won
-    flat: bool = False
-
-
-def tune(ctx, experiment, name, cfg, make_batch, lrs, seeds, steps, select, test, setting, grid_seeds=1, **train):
-    """Train cfg at every lr with the first grid_seeds seeds, choose one on the selection set, then train it with the
-    remaining seeds; the test sets score every run and never choose. The choice: the lr that solves (reaches stop_at)
-    with the most seeds; among lrs that solve with all, the fastest; otherwise the best selection accuracy. Every run
-    goes to ctx.grid_point: its selection score, each test score, the steps to 90% on every selection set (or "not
-    reached") and whether it was still improving at the cap.
-    train: train_synthetic's options."""
-    def fit(lr, seed):
-        run = train_synthetic(cfg, make_batch, steps, lr, select, ctx.device, seed=seed,
-                              desc=f"{experiment} {name} {setting} lr {lr:g} seed {seed}", **train)
-        run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
-        tqdm.write(f"{experiment} {name} {setting} lr {lr:g} seed {seed}: {run.steps} steps in {run.seconds:.0f} s, "
-                   f"selection {100 * run.select:.1f}%" + (", still improving at the cap" if run.improving else ""))
-        measured = [("selection accuracy", round(run.select, 4)),
-                    *((f"test accuracy {k}", round(v, 4)) for k, v in run.test.items()),
-                    ("steps to 90% selection accuracy", steps_to(run) if steps_to(run) is not None else "not reached"),
-                    ("still improving at the cap (1 = yes)", int(run.improving))]
-        for metric, value in measured:
-            ctx.grid_point(experiment, name, setting, lr, seed, run.steps, run.seconds, metric, value)
-        return run
-
-    def merit(runs):
-        solved = sum(run.solved for run in runs)
-        return solved, -sum(run.steps for run in runs) if solved == len(runs) else sum(run.select for run in runs)
-
-    scored = sum(int((y >= 0).sum()) for _, y in select.values()) / len(select)  # scored positions per selection set
-    def flat(runs):
-        """No run solved and the best selection accuracy is within FLAT_SE standard errors of the worst: every lr
-        scores alike (at chance, say), so an end that wins is noise and widening past it would chase that noise."""
-        best, worst = max(run.select for run in runs), min(run.select for run in runs)
-        return not any(run.solved for run in runs) and best - worst < FLAT_SE * math.sqrt(best * (1 - best) / scored)
-
-    best, lrs, grid, runs = seed_grid(fit, lrs, seeds, grid_seeds, merit, flat=flat)
-    seconds = sum(run.seconds for run in grid.values()) + sum(runs[seed].seconds for seed in seeds[grid_seeds:])
-    is_flat = flat(list(grid.values()))
-    return Tuned(best, not is_flat and len(lrs) > 1 and best in (min(lrs), max(lrs)), runs, seconds, lrs, is_flat)
