@@ -169,7 +169,7 @@ def train_best(ctx, experiment, cfg, name, setting, make_batch, select, test, b,
         label = f"{experiment} {name} {setting} {recipe} seed {seed}"
         run = train_synthetic(cfg, make_batch, part["steps"], recipe.lr, select, ctx.device, stop_at=SOLVED,
                               eval_every=part["eval_every"], seed=seed, desc=label, optimizer=recipe.optimizer,
-                              muon_lr=recipe.muon_lr or 0.02)
+                              muon_lr=recipe.muon_lr)
         run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
         seconds.append(run.seconds)
         tqdm.write(f"{label}: {run.steps} steps in {run.seconds:.0f} s, selection {100 * run.select:.1f}%")
