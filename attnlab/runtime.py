@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import time
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -95,18 +96,47 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def alternate(fns, rounds, device):
-    """Call each of fns once per round, in turn (A B A B ...); the median seconds per call of each. A neighbour
-    that slows a shared machine for a while then slows every side alike."""
+def alternate_rounds(fns, rounds, device):
+    """Call each of fns once per round, in turn (A B A B ...); every call's seconds, by name. A neighbour that slows
+    a shared machine for a while then slows every side alike."""
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+            times[name].append(seconds_of(fn, device))
+    return times
+
+
+def alternate(fns, rounds, device):
+    """The median seconds per call of each of fns, called in alternating rounds (alternate_rounds)."""
+    return {name: statistics.median(t) for name, t in alternate_rounds(fns, rounds, device).items()}
+
+
+def seconds_of(fn, device):
+    """The wall time of one call of fn, its device work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def time_steps(steps, rounds, device, warmup=1, call_s=0.0):
+    """Seconds per training step of each of steps (name: a function that takes one step), one figure per round:
+    warmup steps first (the allocator, the optimizer's state, compilation), then one more timed to size the calls,
+    each call as many steps as fill call_s (one at least), the calls in alternating rounds. scripts/bench.py and
+    scripts/report time training steps with this, so both time a step alike."""
+    repeats = {}
+    for name, step in steps.items():
+        for _ in range(warmup):
+            step()
+        repeats[name] = max(1, round(call_s / seconds_of(step, device)))
+
+    def call(step, repeat):
+        for _ in range(repeat):
+            step()
+
+    calls = {name: partial(call, step, repeats[name]) for name, step in steps.items()}
+    return {name: [t / repeats[name] for t in times] for name, times in alternate_rounds(calls, rounds, device).items()}
 
 
 def peak_bytes(fn, device):

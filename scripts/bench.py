@@ -56,6 +56,7 @@ from attnlab.runtime import (
     peak_flops,
     pick_device,
     sync,
+    time_steps,
 )
 from model import GPT, manual_attention
 
@@ -115,18 +116,13 @@ def train_section(args, device, sizes):
         def step(compiled=compiled, optimizer=optimizer, dtype=dtype, x=x, y=y, clip=cfg.train.grad_clip):
             train_step(compiled, optimizer, [(x, y)], grad_clip=clip, autocast=autocast(device, dtype))
 
-        for _ in range(1 if args.quick else 3):  # warm-up (and compilation)
-            step()
-        sync(device)
-        start = time.perf_counter()
-        step()
-        sync(device)
-        repeat = max(1, round(sizes["call_s"] / (time.perf_counter() - start)))  # steps per timed call
-        steps[name] = (cfg, model, dtype, repeat, lambda step=step, repeat=repeat: [step() for _ in range(repeat)])
-    seconds = alternate({name: s[4] for name, s in steps.items()}, sizes["rounds"], device)
+        steps[name] = (cfg, model, dtype, step)
+    # warm-up steps (and compilation) first, then calls of about call_s each
+    seconds = time_steps({name: s[3] for name, s in steps.items()}, sizes["rounds"], device,
+                         warmup=1 if args.quick else 3, call_s=sizes["call_s"])
     peak, rows = peak_flops(device), []
-    for name, (cfg, model, dtype, repeat, _) in steps.items():
-        m, per_iter = cfg.model, seconds[name] / repeat
+    for name, (cfg, model, dtype, _) in steps.items():
+        m, per_iter = cfg.model, statistics.median(seconds[name])
         tokens = cfg.train.batch_size * m.block_size / per_iter
         mfu = f"{model.flops_per_token() * tokens / peak:.1%}" if peak else "n/a"
         rows.append([name, f"{m.n_layer}x{m.n_embd}, T={m.block_size}, B={cfg.train.batch_size}",

@@ -27,9 +27,10 @@ from tqdm import tqdm
 from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context, exp_lm
-from scripts.report.cost import exp_generation, exp_long, exp_throughput
+from scripts.report.cost import exp_generation, exp_long
 from scripts.report.lm import exp_positions, exp_window, lm_results
 from scripts.report.mechanism import exp_paths, exp_scaling
+from scripts.report.parallel import exp_parallel
 from scripts.report.retrieval import exp_induction, exp_mqar
 from scripts.report.sizes import exp_sizes
 from scripts.report.text import exp_text
@@ -38,7 +39,7 @@ from scripts.report.text import exp_text
 # runs
 EXPERIMENTS = dict(scaling=exp_scaling, induction=exp_induction, mqar=exp_mqar,
                    lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
-                   text=exp_text, paths=exp_paths, throughput=exp_throughput, long=exp_long,
+                   text=exp_text, paths=exp_paths, parallel=exp_parallel, long=exp_long,
                    generation=exp_generation)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "mingru", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
@@ -46,7 +47,7 @@ VERDICT_FIELDS = ["experiment", "reason", "rule", "evidence", "status"]  # Conte
 # decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
 FULL_ONLY = ("positions", "window")
 # parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
-ALONE = ("lm", "window", "throughput", "long", "generation")
+ALONE = ("lm", "window", "parallel", "long", "generation")
 READS_LM = ("positions", "window", "sizes", "context", "text", "paths")  # train the lm experiment's models first
 # the other parts, longest first, so that the workers finish together (runs.json has their wall times)
 POOLED = ("sizes", "induction", "mqar", "context", "positions", "text", "paths", "scaling")
