@@ -66,7 +66,7 @@ BUDGET = {
     "quick": dict(windows=512, distances=[16, 64, 128], span=8, context=144, batch_size=8, steps=1000,
                   adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                   muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=256),
-    "full": dict(windows=768, distances=[32, 128, 512], span=16, context=544, batch_size=8, steps=1500,
+    "full": dict(windows=768, distances=[32, 128, 384], span=16, context=416, batch_size=8, steps=1500,
                  adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                  muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=512),
 }
@@ -94,16 +94,16 @@ def lm_rows(ctx, result, curves):
             f"{result.unigram:.2f} nats on the train split); context {T} for both; {plan.batch_size} sequences a "
             f"step; fp32")
     ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), each model's best recipe, final weights",
-            *(mean_range(lm.tests(best[n])) for n in lm.NAMES),
+            *(mean_range(lm.test_losses(best[n])) for n in lm.NAMES),
             f"{plan.steps} steps each; {recipes_note(result)}; {lm.seeds_note(result)}; "
             f"{improving_note(best)}; {lm.ngram_note(result.ngram)}")
     ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), AdamW for both (an extra row, not the "
-            f"verdict's)", *(mean_range(lm.tests(adamw[n])) for n in lm.NAMES),
+            f"verdict's)", *(mean_range(lm.test_losses(adamw[n])) for n in lm.NAMES),
             "each model's AdamW grid's choice: " + "; ".join(grid_note(result.optimizer(n, "adamw"), n)
                                                              for n in lm.NAMES)
             + f"; the optimizer confound of equal-token rows that give both models AdamW; {improving_note(adamw)}")
     ctx.row("lm", f"test loss at equal wall time ({result.budget_s:g} s of training), each model's best recipe",
-            *(mean_range(lm.tests(result.timed[n])) for n in lm.NAMES),
+            *(mean_range(lm.test_losses(result.timed[n])) for n in lm.NAMES),
             f"train.time_budget_s={result.budget_s:g} for every run (the GPT's mean wall time at equal tokens), the "
             f"lr decaying over it; each model's recipe chosen at equal tokens, not tuned again at equal time: gpt "
             f"{result.tuned['gpt'].recipe}, lstm {result.tuned['lstm'].recipe}; {lm.seeds_note(result)}; "
@@ -153,8 +153,8 @@ def improving_note(runs):
 
 def lm_status(result):
     """(evidence, status) by LM_RULE."""
-    tests = {"equal tokens": {n: lm.tests(result.runs(n)) for n in lm.NAMES},
-             f"equal wall time ({result.budget_s:g} s)": {n: lm.tests(result.timed[n]) for n in lm.NAMES}}
+    tests = {"equal tokens": {n: lm.test_losses(result.runs(n)) for n in lm.NAMES},
+             f"equal wall time ({result.budget_s:g} s)": {n: lm.test_losses(result.timed[n]) for n in lm.NAMES}}
     winners, parts = {}, []
     for when, loss in tests.items():
         winners[when] = {-1: "gpt", 1: "lstm", 0: None}[apart(loss["gpt"], loss["lstm"])]

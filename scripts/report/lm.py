@@ -381,7 +381,7 @@ def kaplan_note(curves, T):
     return f"{reading}; {numbers}; a gain counts when the loss falls by more than the seed spread"
 
 
-def tests(runs):
+def test_losses(runs):
     """The runs' test losses, in order."""
     return [r.test for r in runs]
 
@@ -404,7 +404,8 @@ def exp_positions(ctx):
     lstm_2T = torch.stack([long(r) for r in result.runs("lstm")])
     tested = [pos for pos in SCHEMES if pos in at_2T]
     ctx.row("positions", f"test loss at the trained length {T}: " + " / ".join(SCHEMES),
-            " / ".join(mean_range(tests(runs[pos])) for pos in SCHEMES), mean_range(tests(result.runs("lstm"))),
+            " / ".join(mean_range(test_losses(runs[pos])) for pos in SCHEMES),
+            mean_range(test_losses(result.runs("lstm"))),
             f"GPT at the lm experiment's recipe, {recipe} (tuned with rope), and budget; {seeds_note(result)}; "
             f"{capped_note(runs)}; LSTM at its own recipe for reference")
     ctx.row("positions", f"test loss at positions {T + 1}-{2 * T}, run at {2 * T}: " + " / ".join(tested),
@@ -423,7 +424,7 @@ def positions_figure(ctx, result, runs, at_2T, lstm_2T):
     for i, pos in enumerate(SCHEMES):
         curve = at_2T[pos] if pos in at_2T else torch.tensor([r.by_position for r in runs[pos]])
         a.plot(*binned(curve.mean(0), bin_size), color=f"C{i}", label=pos)
-        values_by_length = [tests(runs[pos])] + ([at_2T[pos][:, T:].mean(1).tolist()] if pos in at_2T else [])
+        values_by_length = [test_losses(runs[pos])] + ([at_2T[pos][:, T:].mean(1).tolist()] if pos in at_2T else [])
         for j, values in enumerate(values_by_length):
             b.bar(i + 0.4 * j, np.mean(values), 0.4, yerr=[[np.mean(values) - min(values)],
                   [max(values) - np.mean(values)]], color=f"C{i}", alpha=1 - 0.5 * j, capsize=3)
@@ -431,7 +432,7 @@ def positions_figure(ctx, result, runs, at_2T, lstm_2T):
     a.axvline(T + 0.5, color="gray", ls=":", lw=1)
     a.set(xlabel="position", ylabel=f"test loss, mean of {bin_size} positions",
           title=f"trained at {T}, run at {2 * T} (right of the dotted line)")
-    low = min(min(tests(rs)) for rs in runs.values())
+    low = min(min(test_losses(rs)) for rs in runs.values())
     b.set(xticks=[i + 0.2 for i in range(len(SCHEMES))], xticklabels=SCHEMES, ylim=(0.95 * low, None),
           ylabel="test loss", title=f"positions 1-{T} (solid), {T + 1}-{2 * T} (pale); seed range")
     a.legend(fontsize=8)
@@ -451,9 +452,9 @@ def exp_window(ctx):
                                       for w in sizes}
     def label(w):
         return f"window {w}" if w else "full"
-    losses = {w: tests(rs) for w, rs in runs.items()}
+    losses = {w: test_losses(rs) for w, rs in runs.items()}
     ctx.row("window", f"test loss at context {T}: " + " / ".join(map(label, runs)),
-            " / ".join(mean_range(v) for v in losses.values()), mean_range(tests(result.runs("lstm"))),
+            " / ".join(mean_range(v) for v in losses.values()), mean_range(test_losses(result.runs("lstm"))),
             f"{seeds_note(result)}; {capped_note(runs)}; wall s "
             + " / ".join(mean_range([r.seconds for r in rs], 0) for rs in runs.values()) + "; LSTM for reference")
     ctx.row("window", "loss a window costs against full attention: " + " / ".join(map(label, sizes)),

@@ -102,7 +102,7 @@ def sizes_rows(ctx, result, ladder, runs):
             f"width of its GPT's parameter count")
     def recipes(name):
         return " / ".join(str(rs[0].recipe) for rs in runs[name])
-    ctx.row("sizes", "test loss by size, final weights", *(" / ".join(mean_range(lm.tests(rs)) for rs in runs[n])
+    ctx.row("sizes", "test loss by size, final weights", *(" / ".join(mean_range(lm.test_losses(rs)) for rs in runs[n])
                                                            for n in lm.NAMES),
             f"the smallest size is the lm experiment's, its runs reused (seeds {lm.seeds_range(result)}); larger "
             f"sizes seed{'s' if len(runs['gpt'][-1]) > 1 else ''} {', '.join(str(r.seed) for r in runs['gpt'][-1])}; "
@@ -133,7 +133,7 @@ def sizes_figure(ctx, result, ladder, runs):
     for ax, key, label in zip(axes, ("params", "flops"), ("parameters", "training FLOPs (see the rows)")):
         for name, color in (("gpt", "C0"), ("lstm", "C1")):
             xs = [s["model"].params if key == "params" else s["flops"] for s in ladder[name]]
-            losses = [lm.tests(rs) for rs in runs[name]]
+            losses = [lm.test_losses(rs) for rs in runs[name]]
             means = [np.mean(v) for v in losses]
             ax.errorbar(xs, means, yerr=([m - min(v) for m, v in zip(means, losses)],
                                          [max(v) - m for m, v in zip(means, losses)]), fmt="o-", capsize=4,
