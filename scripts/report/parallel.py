@@ -150,7 +150,7 @@ class Parallel:
         return [gpt - lstm for gpt, lstm in zip(self.speedup("gpt", long), self.speedup("lstm", long))]
 
     def steps_over_scan(self, T):
-        """The minGRU's seconds step by step over with the scan, 1 thread, per round."""
+        """The minGRU's seconds step by step over its seconds with the scan, 1 thread, per round."""
         return [s / p for s, p in zip(self.seconds[STEPS, T, 1], self.seconds["mingru", T, 1])]
 
 
