@@ -227,7 +227,7 @@ def test_each_model_tunes_its_own_optimizer_and_muon_lr_on_the_selection_set(mon
     monkeypatch.setattr(retrieval, "evaluate", lambda model, x, y: (0.0, 0.0))
     ctx = Context("quick", torch.device("cpu"), None)
     part = dict(steps=1000, eval_every=10, seeds=3, tune_seeds=2)
-    b = dict(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18))
+    b = dict(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=3)
     select = {"s": (torch.zeros(4, 100), torch.zeros(4, 100))}
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
     best = retrieval.train_best(ctx, "induction", TINY, "lstm", "width 8", None, select, test, b, part,
@@ -309,7 +309,7 @@ def test_every_budget_follows_the_protocol():
             assert 1 <= part["tune_seeds"] <= part["seeds"] <= len(retrieval.SEEDS)
         assert budget["induction"]["seeds"] >= 5
         mqar = budget["mqar"]
-        assert min(mqar["pairs"]) == 4 and max(mqar["pairs"]) <= min(32, retrieval.N_KEYS)
+        assert min(mqar["pairs"]) == 4 and max(mqar["pairs"]) <= min(32, mqar["keys"])
         assert set(mqar["widths"]) == set(retrieval.MODELS) and all(16 <= w <= 64 for w in mqar["widths"]["gpt"])
     assert max(full["mqar"]["pairs"]) == 32 and quick["induction"]["steps"] <= 1000 >= quick["mqar"]["steps"]
 
@@ -317,11 +317,10 @@ def test_every_budget_follows_the_protocol():
 @pytest.fixture
 def tiny_budget(monkeypatch, tmp_path):
     monkeypatch.setitem(retrieval.BUDGET, "quick", dict(
-        batch=4, adamw_lrs=(1e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), selection=8, test=16,
+        batch=4, adamw_lrs=(1e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=1, selection=8, test=16,
         induction=dict(n_embd=16, steps=4, eval_every=2, seeds=3, tune_seeds=1),
-        mqar=dict(pairs=(2, 4), widths=dict(gpt=(8,), lstm=(8, 16), mingru=(8,)), steps=4, eval_every=2, seeds=2,
-                  tune_seeds=1)))
-    monkeypatch.setattr(retrieval, "N_KEYS", 8)
+        mqar=dict(pairs=(2, 4), keys=8, widths=dict(gpt=(8,), lstm=(8, 16), mingru=(8,)), steps=4, eval_every=2,
+                  seeds=2, tune_seeds=1)))
     return Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
 
 

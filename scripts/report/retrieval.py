@@ -49,7 +49,6 @@ SOLVED = 0.99  # a run stops before its cap only once every selection set is at 
 LEVELS = (0.9, 0.99)  # induction: steps to these selection accuracies
 SPEEDUP = 2  # induction: the factor by which a recurrent model must be slower over every seed pairing
 LEVEL = 0.9  # mqar: a width solves a pair count when every seed's test accuracy reaches this
-N_KEYS = 64  # mqar: distinct keys (and values), enough for 64 pairs
 FLAT_SE = 2  # a grid is flat when no run solved and its best selection accuracy beats its worst by under this many s.e.
 
 RULE_INDUCTION = (
@@ -69,8 +68,9 @@ RULE_MQAR = (
 BUDGET = {
     "quick": dict(
         batch=32,  # sequences per training step
-        adamw_lrs=(3e-3, 1e-2, 3e-2),  # AdamW's lr grid (widened past an end that wins)
+        adamw_lrs=(3e-3, 1e-2, 3e-2),  # AdamW's lr grid
         muon_lrs=(0.02, 0.06, 0.18),  # Muon's muon_lr grid, its AdamW part at AdamW's chosen lr
+        widen=1,  # points a grid may grow past an end that wins
         selection=96,  # sequences per selection set (mqar: per pair count), scored every eval_every steps
         test=256,  # sequences per test set (mqar: per pair count), scored once per run
         induction=dict(
@@ -82,6 +82,7 @@ BUDGET = {
         ),
         mqar=dict(
             pairs=(4, 8, 16),  # trained as a log-uniform mix of these counts, tested at each
+            keys=16,  # distinct keys (and values): at least the most pairs; fewer keys leave the chance plateau sooner
             widths=dict(gpt=(16,), lstm=(64,), mingru=(64,)),  # each model's widths (2 layers, the GPT 1 head)
             steps=500,  # every run's step cap
             eval_every=50,  # steps between selection scores
@@ -91,8 +92,9 @@ BUDGET = {
     ),
     "full": dict(
         batch=32,  # sequences per training step
-        adamw_lrs=(3e-3, 1e-2, 3e-2),  # AdamW's lr grid (widened past an end that wins)
+        adamw_lrs=(3e-3, 1e-2, 3e-2),  # AdamW's lr grid
         muon_lrs=(0.02, 0.06, 0.18),  # Muon's muon_lr grid, its AdamW part at AdamW's chosen lr
+        widen=3,  # points a grid may grow past an end that wins
         selection=192,  # sequences per selection set (mqar: per pair count)
         test=512,  # sequences per test set (mqar: per pair count)
         induction=dict(
@@ -104,6 +106,7 @@ BUDGET = {
         ),
         mqar=dict(
             pairs=(4, 8, 16, 32),  # trained as a log-uniform mix of these counts, tested at each
+            keys=32,  # distinct keys (and values): at least the most pairs
             widths=dict(gpt=(16, 32), lstm=(64, 128), mingru=(64, 128)),  # each model's widths
             steps=1200,  # every run's step cap
             eval_every=50,  # steps between selection scores
@@ -184,7 +187,7 @@ def train_best(ctx, experiment, cfg, name, setting, make_batch, select, test, b,
         return run
 
     tuned = best_recipe(fit, b["adamw_lrs"], b["muon_lrs"], SEEDS[:part["tune_seeds"]], 1, merit,
-                        flat=flat_test(select))
+                        flat=flat_test(select), widen=b["widen"])
     for seed in SEEDS[part["tune_seeds"]:part["seeds"]]:
         tuned.runs[seed] = fit(tuned.recipe, seed)
     return Trained(name, cfg, tuned, sum(seconds))
@@ -312,7 +315,8 @@ def protocol_text(b, part):
     return (f"every model: batch {b['batch']}, cap {part['steps']} steps (warmup + cosine to the cap), scored every "
             f"{part['eval_every']}, stopped early only at {100 * SOLVED:g}% on every selection set; recipe chosen on "
             f"the selection set over AdamW lr {'/'.join(map(str, b['adamw_lrs']))} then Muon muon_lr "
-            f"{'/'.join(map(str, b['muon_lrs']))} (seed 0 per point, widened past a winning end unless flat), then "
+            f"{'/'.join(map(str, b['muon_lrs']))} (seed 0 per point, up to {b['widen']} more past a winning end "
+            f"unless flat), then "
             f"run with seeds {', '.join(map(str, SEEDS[:part['seeds']]))}; test set read once per run")
 
 
@@ -418,9 +422,9 @@ def mqar_verdict(points, pairs):
     return evidence, combined([status for status, _ in found.values()])
 
 
-def mqar_model(name, width, max_pairs):
+def mqar_model(name, width, max_pairs, keys):
     """A 2-layer GPT (1 head, as synthetic_models'), LSTM or minGRU of width, for 3 x max_pairs tokens."""
-    return ModelConfig(type=name, vocab_size=2 * N_KEYS + 1, block_size=3 * max_pairs, n_layer=2, n_head=1,
+    return ModelConfig(type=name, vocab_size=2 * keys + 1, block_size=3 * max_pairs, n_layer=2, n_head=1,
                        n_embd=width, tie_weights=False)
 
 
@@ -434,27 +438,27 @@ def exp_mqar(ctx):
     value its key had. Each model at each of its widths, at its best recipe; accuracy set against bytes of state."""
     b = BUDGET[ctx.preset]
     part = b["mqar"]
-    pairs = part["pairs"]
-    select = {n: recall_batch(b["selection"], n, N_KEYS, generator=seeded(100 + n)) for n in pairs}
-    test = {n: recall_batch(b["test"], n, N_KEYS, generator=seeded(200 + n)) for n in pairs}
+    pairs, keys = part["pairs"], part["keys"]
+    select = {n: recall_batch(b["selection"], n, keys, generator=seeded(100 + n)) for n in pairs}
+    test = {n: recall_batch(b["test"], n, keys, generator=seeded(200 + n)) for n in pairs}
 
     def make(it, g):
-        return mixed_recall_batch(b["batch"], min(pairs), max(pairs), N_KEYS, generator=g)
+        return mixed_recall_batch(b["batch"], min(pairs), max(pairs), keys, generator=g)
 
     points = []
     for name in MODELS:
         for width in part["widths"][name]:
-            cfg = mqar_model(name, width, max(pairs))
+            cfg = mqar_model(name, width, max(pairs), keys)
             trained = train_best(ctx, "mqar", cfg, name, f"width {width}", make, select, test, b, part, recall_merit)
             points.append(Point(name, width, trained, {n: state_bytes(cfg, 3 * n) for n in pairs},
                                 {n: [run.test[n] for run in trained.runs] for n in pairs}))
     detail = ("2-layer GPT (1 head), LSTM and minGRU at widths " + "; ".join(
-        f"{LABELS[n]} {'/'.join(map(str, part['widths'][n]))}" for n in MODELS) + f"; {N_KEYS} keys, each batch "
+        f"{LABELS[n]} {'/'.join(map(str, part['widths'][n]))}" for n in MODELS) + f"; {keys} keys, each batch "
         f"{min(pairs)}-{max(pairs)} pairs (log-uniform), queries right after the pairs; state: the GPT's KV cache "
         f"after 3 x pairs tokens, the LSTM's h and c, the minGRU's h (fp32); " + protocol_text(b, part))
     mqar_figure(ctx, points, pairs, detail)
     attention_figure(ctx, next(p for p in points if p.name == "gpt").trained.runs[0].model,
-                     *recall_batch(1, min(8, max(pairs)), N_KEYS, generator=seeded(7)))
+                     *recall_batch(1, min(8, max(pairs)), keys, generator=seeded(7)), keys)
     for n in pairs:
         ctx.row("mqar", f"{n} pairs ({3 * n} tokens): test accuracy % by width (bytes of state), min-max over "
                 f"{part['seeds']} seeds", accuracy_cell(points, "gpt", n), accuracy_cell(points, "lstm", n),
@@ -498,7 +502,7 @@ def mqar_figure(ctx, points, pairs, detail):
     save_wrapped(ctx, fig, "mqar.png", detail)
 
 
-def attention_figure(ctx, model, x, y):
+def attention_figure(ctx, model, x, y, keys):
     """The trained GPT's two layers on one sequence, with where each query should look circled."""
     n_pairs = int((y >= 0).sum())
     maps = model.attention_maps(x.to(ctx.device))  # per layer (1, 1, T, T)
@@ -517,4 +521,4 @@ def attention_figure(ctx, model, x, y):
     fig.suptitle(f"trained GPT on {n_pairs} pairs: layer 1 tags each value with its key (previous token); in layer 2 "
                  f"each query reads the value after its key", fontsize=9)
     save_wrapped(ctx, fig, "mqar_attention.png", f"the narrowest GPT, seed 0; tick labels are token ids (keys "
-                 f"1-{N_KEYS}, values {N_KEYS + 1}-{2 * N_KEYS}, filler 0); red circles mark the expected position")
+                 f"1-{keys}, values {keys + 1}-{2 * keys}, filler 0); red circles mark the expected position")
