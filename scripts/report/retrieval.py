@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import NullFormatter
 from tqdm import tqdm
 
 from attnlab.config import ModelConfig
@@ -331,7 +332,7 @@ def induction_figure(ctx, trained, speeds, chance, part, detail):
         rows.append((i, t, t - 1, t - S + 1))
     prev = sum(maps[0][i, 0, t, p].mean().item() for i, t, p, _ in rows) / len(rows)
     induct = sum(maps[1][i, 0, t, s].mean().item() for i, t, _, s in rows) / len(rows)
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
     for name, t in trained.items():
         for seed, run in enumerate(t.runs):
             axes[0].plot([s for s, _ in run.curve], [100 * a["second copy"] for _, a in run.curve],
@@ -339,8 +340,8 @@ def induction_figure(ctx, trained, speeds, chance, part, detail):
     for (label, level), style in zip(chance.items(), (":", "--")):
         axes[0].axhline(100 * level, color="k", ls=style, lw=0.7, label=f"chance: {label}")
     axes[0].set(xlabel="training step", ylabel="selection accuracy on the second copy (%)", ylim=(0, 102),
-                title="learning curves (faint: seeds after 0)")
-    axes[0].legend(fontsize=6, loc="center right")
+                title="learning curves\n(faint: the seeds after 0)")
+    axes[0].legend(fontsize=6, loc="upper right")
     for col, name in enumerate(MODELS):
         for level, marker in zip(LEVELS, ("o", "s")):
             speed = speeds[name][level]
@@ -351,16 +352,16 @@ def induction_figure(ctx, trained, speeds, chance, part, detail):
             axes[1].plot([col + (0.15 if marker == "s" else -0.15)] * missed, [1.05 * part["steps"]] * missed, "x",
                          color=COLORS[name])
     axes[1].axhline(part["steps"], color="gray", ls="--", lw=0.6)
-    axes[1].set_yscale("log")
     axes[1].set_xticks(range(len(MODELS)), [LABELS[n] for n in MODELS])
-    axes[1].set(ylabel="steps (log; x: not reached by the cap, dashed)",
-                title="steps to 90% (filled) and 99% (open), per seed")
+    axes[1].set(ylabel="steps", ylim=(0, 1.1 * part["steps"]), title="steps to 90% (filled) and 99% (open) per seed\n"
+                "(x: not reached by the cap, dashed)")
     example = int((lengths == 24).nonzero()[0, 0]) if (lengths == 24).any() else 0
     for layer, ax in enumerate(axes[2:]):
         ax.imshow(maps[layer][example, 0].cpu().numpy(), cmap="Blues", vmin=0, vmax=1)
         ax.set(xlabel="attended position", ylabel="position", title=(
-            f"GPT layer 1: previous token ({100 * prev:.0f}% of weight)" if layer == 0 else
-            f"GPT layer 2: induction stripe ({100 * induct:.0f}% of weight)"))
+            f"GPT layer 1: previous token\n({100 * prev:.0f}% of weight)" if layer == 0 else
+            f"GPT layer 2: induction stripe\n({100 * induct:.0f}% of weight)"))
+    fig.tight_layout()
     save_wrapped(ctx, fig, "induction.png", f"{detail}; maps: seed 0, one sequence with a "
                  f"{int(lengths[example])}-token segment")
     return prev, induct
@@ -495,6 +496,9 @@ def mqar_figure(ctx, points, pairs, detail):
              xticks=pairs, xticklabels=pairs, ylim=(0, 102), title="multi-query associative recall")
     right.axhline(100 * LEVEL, color="gray", ls="--", lw=0.6)
     right.set_xscale("log")
+    right.xaxis.set_minor_formatter(NullFormatter())  # less than a decade apart: minor labels would overlap
+    ticks = sorted({p.bytes[n] for p in points for n in pairs})
+    right.set_xticks(ticks, [f"{b:,}" for b in ticks], rotation=60, fontsize=6)
     right.set(xlabel="bytes of state at that many pairs (log; labels: pairs)", ylabel="mean test accuracy (%)",
               ylim=(0, 102), title="against bytes of state")
     for ax in (left, right):
