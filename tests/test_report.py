@@ -14,6 +14,7 @@ import scripts.report.__main__ as report_cli
 from attnlab.config import ModelConfig
 from model import GPT
 from scripts.report import Context
+from scripts.report.__main__ import Part
 from scripts.report.lm import ROOT
 from scripts.report.mechanism import autograd_depth, max_hops
 
@@ -51,10 +52,10 @@ def test_a_partial_run_writes_each_preset_to_a_scratch_folder(tmp_path, monkeypa
 
 
 def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_path, monkeypatch):
-    assert set(report_cli.FULL_ONLY) < set(report_cli.EXPERIMENTS)  # names the registry knows
     ran = []
-    monkeypatch.setattr(report_cli, "EXPERIMENTS", {name: lambda ctx, name=name: ran.append((ctx.preset, name))
-                                                    for name in ("scaling", "mqar", "positions", "window", "lm")})
+    monkeypatch.setattr(report_cli, "PARTS", {name: Part(lambda ctx, name=name: ran.append((ctx.preset, name)),
+                                                         quick=name not in ("positions", "window"))
+                                              for name in ("scaling", "mqar", "positions", "window", "lm")})
     monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds, hardware: None)
     for flags in ([], ["--full"], ["--only", "mqar,lm"]):
         ran.clear()
@@ -66,7 +67,7 @@ def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_p
 
 
 def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(report_cli, "EXPERIMENTS", dict(mqar=None, lm=None, sizes=None, throughput=None))
+    monkeypatch.setattr(report_cli, "PARTS", dict(mqar=None, lm=None, sizes=None, parallel=None))
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
     ctx.verdict("mqar", "c", "GPT 100% vs LSTM 6% at 16 pairs", "shown here")
     ctx.verdict("lm", "b", "gap 0.1 nats", "shown here")
@@ -85,10 +86,10 @@ def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_
     ctx.verdict("lm", "a", "x", "not shown here (needs a GPU)")  # a reason in brackets is allowed
 
 
-def test_every_experiment_either_runs_alone_or_has_a_place_in_the_pool():
-    assert set(report_cli.ALONE) | set(report_cli.POOLED) == set(report_cli.EXPERIMENTS)
-    assert not set(report_cli.ALONE) & set(report_cli.POOLED)
-    assert set(report_cli.READS_LM) < set(report_cli.EXPERIMENTS)
+def test_the_schedule_times_alone_what_measures_time_and_runs_the_lm_runs_readers_after_lm():
+    parts = report_cli.PARTS
+    assert {n for n, p in parts.items() if p.timed} == {"lm", "window", "parallel", "long", "generation"}
+    assert all(list(parts).index(n) > list(parts).index("lm") for n, p in parts.items() if p.reads_lm)
 
 
 class InProcessPool:
@@ -117,8 +118,9 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
             ran.append((name, torch.get_num_threads()))
             ctx.row(name, "m", "1", "2")
         return run
-    names = ("scaling", "mqar", "lm", "sizes", "context", "throughput")
-    monkeypatch.setattr(report_cli, "EXPERIMENTS", {n: part(n) for n in names})
+    names = ("scaling", "mqar", "lm", "sizes", "context", "parallel")
+    monkeypatch.setattr(report_cli, "PARTS", {n: Part(part(n), timed=n in ("lm", "parallel"),
+                                                      reads_lm=n in ("sizes", "context")) for n in names})
     monkeypatch.setattr(report_cli, "ProcessPoolExecutor", InProcessPool)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -127,7 +129,7 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
         seconds, hardware = report_cli.run_parts(ctx, list(names), jobs=2)
     finally:
         torch.set_num_threads(threads)
-    assert ran == [("lm", 2), ("sizes", 1), ("mqar", 1), ("context", 1), ("scaling", 1), ("throughput", 2)]
+    assert ran == [("lm", 2), ("scaling", 1), ("mqar", 1), ("sizes", 1), ("context", 1), ("parallel", 2)]
     assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "mqar", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
@@ -135,8 +137,8 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
     monkeypatch.setattr(report_cli, "lm_results", lambda ctx: trained.append(list(ran)))
     ran.clear()
     report_cli.run_parts(ctx, ["context", "scaling"], jobs=2)
-    assert trained == [[]] and [n for n, _ in ran] == ["context", "scaling"]
-    monkeypatch.setattr(report_cli, "EXPERIMENTS", {"text": part("text")})
+    assert trained == [[]] and [n for n, _ in ran] == ["scaling", "context"]
+    monkeypatch.setattr(report_cli, "PARTS", {"text": Part(part("text"), reads_lm=True)})
     report_cli.run_parts(Context("quick", torch.device("cpu"), tmp_path, text_run="out"), ["text"], jobs=2)
     assert len(trained) == 1 and ran[-1][0] == "text"  # text reading another run needs no lm runs
 

@@ -18,7 +18,9 @@ import csv
 import json
 import multiprocessing
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,29 +37,44 @@ from scripts.report.retrieval import exp_induction, exp_mqar
 from scripts.report.sizes import exp_sizes
 from scripts.report.text import exp_text
 
-# in this order, which is also the tables': positions, window, sizes, context, text and paths read the lm experiment's
-# runs
-EXPERIMENTS = dict(scaling=exp_scaling, induction=exp_induction, mqar=exp_mqar,
-                   lm=exp_lm, positions=exp_positions, window=exp_window, sizes=exp_sizes, context=exp_context,
-                   text=exp_text, paths=exp_paths, parallel=exp_parallel, long=exp_long,
-                   generation=exp_generation)
+
+@dataclass(frozen=True)
+class Part:
+    """One experiment of the schedule: its function, whether the quick preset runs it (the others cost it most and
+    decide no verdict), whether its numbers are wall times (then it runs alone, even with --jobs), and whether it
+    reads the lm experiment's runs (which are then trained first)."""
+    run: Callable
+    quick: bool = True
+    timed: bool = False
+    reads_lm: bool = False
+
+
+# the schedule, in the tables' order; with --jobs the untimed parts go to the pool in this order
+PARTS = dict(
+    scaling=Part(exp_scaling),
+    induction=Part(exp_induction),
+    mqar=Part(exp_mqar),
+    lm=Part(exp_lm, timed=True),
+    positions=Part(exp_positions, quick=False, reads_lm=True),
+    window=Part(exp_window, quick=False, timed=True, reads_lm=True),
+    sizes=Part(exp_sizes, reads_lm=True),
+    context=Part(exp_context, reads_lm=True),
+    text=Part(exp_text, reads_lm=True),
+    paths=Part(exp_paths, reads_lm=True),
+    parallel=Part(exp_parallel, timed=True),
+    long=Part(exp_long, timed=True),
+    generation=Part(exp_generation, timed=True),
+)
 RESULT_FIELDS = ["experiment", "measure", "gpt", "lstm", "mingru", "note"]
 GRID_FIELDS = ["experiment", "model", "setting", "lr", "seed", "steps", "seconds", "metric", "value"]
 VERDICT_FIELDS = ["experiment", "reason", "rule", "evidence", "status"]  # Context.verdict's rows; statuses: STATUSES
-# decide no verdict and cost the quick preset most; it leaves them to --full (or --only) to keep within 30 minutes
-FULL_ONLY = ("positions", "window")
-# parts whose numbers are wall times (or budgets set from them): with --jobs they still run alone on the machine
-ALONE = ("lm", "window", "parallel", "long", "generation")
-READS_LM = ("positions", "window", "sizes", "context", "text", "paths")  # train the lm experiment's models first
-# the other parts, longest first, so that the workers finish together (runs.json has their wall times)
-POOLED = ("sizes", "induction", "mqar", "context", "positions", "text", "paths", "scaling")
 
 
 def merge_csv(path, fields, new_rows, replaced):
-    """path's rows of experiments not in replaced, then new_rows, in EXPERIMENTS order (stable within each)."""
+    """path's rows of experiments not in replaced, then new_rows, in PARTS order (stable within each)."""
     old = list(csv.DictReader(path.open())) if path.exists() else []
     rows = sorted([r for r in old if r["experiment"] not in replaced] + new_rows,
-                  key=lambda r: list(EXPERIMENTS).index(r["experiment"]))
+                  key=lambda r: list(PARTS).index(r["experiment"]))
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
@@ -71,7 +88,7 @@ def verdict_table(verdicts):
     lines = ["| reason attention replaced RNNs | the rule, written before the run | the deciding numbers | verdict |",
              "|---|---|---|---|"]
     for key, reason in REASONS.items():
-        found = [v for v in verdicts if v["reason"] == key]  # in EXPERIMENTS order, as merge_csv sorts
+        found = [v for v in verdicts if v["reason"] == key]  # in PARTS order, as merge_csv sorts
         rules = "; ".join(f"{v['experiment']}: {v['rule']}" for v in found if v.get("rule")) or "-"
         evidence = "; ".join(f"{v['experiment']}: {v['evidence']}" for v in found) or "no experiment of this run"
         statuses = {v["status"] for v in found}
@@ -105,7 +122,7 @@ def write_report(ctx, ran, seconds, hardware=None):
              *verdict_table(verdicts), "", *table, "",
              "| experiment | preset | wall time | hardware | torch | date |", "|---|---|---|---|---|---|",
              *[f"| {n} | {r['preset']} | {r['seconds']} s | {r['hardware']} | {r['torch']} | {r['date']} |"
-               for n, r in sorted(runs.items(), key=lambda kv: list(EXPERIMENTS).index(kv[0]))],
+               for n, r in sorted(runs.items(), key=lambda kv: list(PARTS).index(kv[0]))],
              "", "Figures: " + ", ".join(f"[{p.name}]({p.name})" for p in sorted(ctx.out.glob("*.png"))),
              "Complexity table by sequence length: [paths.md](paths.md)." if (ctx.out / "paths.md").exists() else ""]
     (ctx.out / "results.md").write_text("\n".join(lines).rstrip() + "\n")
@@ -113,29 +130,31 @@ def write_report(ctx, ran, seconds, hardware=None):
 
 
 def run_parts(ctx, names, jobs):
-    """Every experiment of names, in EXPERIMENTS order, or with jobs > 1: the lm experiment alone, then the untimed
-    parts jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its share of the
-    threads, then the rest of ALONE alone. Returns each part's seconds and, for the pooled ones, their hardware."""
+    """Every experiment of names, in PARTS order, or with jobs > 1: the lm experiment alone, then the untimed parts
+    jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its share of the threads,
+    then the other timed parts alone. Returns each part's seconds and, for the pooled ones, their hardware."""
     seconds, hardware = {}, {}
     def alone(name):
         t0 = time.time()
-        EXPERIMENTS[name](ctx)
+        PARTS[name].run(ctx)
         seconds[name] = time.time() - t0
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
-    names = sorted(names, key=list(EXPERIMENTS).index)
+    names = sorted(names, key=list(PARTS).index)
     if jobs == 1:
         for name in (bar := tqdm(names, desc="report", unit="experiment")):
             bar.set_postfix_str(name)
             alone(name)
         return seconds, hardware
-    pooled = sorted((n for n in names if n not in ALONE), key=POOLED.index)
+    pooled = [n for n in names if not PARTS[n].timed]
+    # text may read another run's GPT
+    reads_lm = {n for n in pooled if PARTS[n].reads_lm} - ({"text"} if ctx.text_run else set())
     if "lm" in names:
         alone("lm")
-    elif set(pooled) & set(READS_LM) - ({"text"} if ctx.text_run else set()):  # text may read another run
+    elif reads_lm:
         lm_results(ctx)  # once, here, rather than in two workers at once
     threads = max(1, torch.get_num_threads() // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_part, ctx, EXPERIMENTS[n], threads): n for n in pooled}
+        futures = {pool.submit(run_part, ctx, PARTS[n].run, threads): n for n in pooled}
         for future in as_completed(futures):
             name, (rows, grid, verdicts, s, hw) = futures[future], future.result()
             ctx.rows += rows
@@ -144,7 +163,7 @@ def run_parts(ctx, names, jobs):
             seconds[name], hardware[name] = s, hw
             tqdm.write(f"{name}: {s:.0f} s ({hw.rsplit(', ', 1)[-1]}, {jobs} parts at a time)")
     for name in names:
-        if name in ALONE and name != "lm":
+        if PARTS[name].timed and name != "lm":
             alone(name)
     return seconds, hardware
 
@@ -152,7 +171,7 @@ def run_parts(ctx, names, jobs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the stated budgets instead of the quick preset")
-    parser.add_argument("--only", help=f"comma-separated experiments out of: {', '.join(EXPERIMENTS)}")
+    parser.add_argument("--only", help=f"comma-separated experiments out of: {', '.join(PARTS)}")
     parser.add_argument("--data-path", help="a UTF-8 text file for the lm experiment (default: the stdlib corpus)")
     parser.add_argument("--text-run", help="a train.py run folder (a char-level GPT on the stdlib corpus) whose "
                         "attention the text experiment reads, e.g. out after `python train.py`; default: the lm "
@@ -164,9 +183,9 @@ def main():
     parser.add_argument("--jobs", type=int, default=1, help="parts run at a time, each on threads/jobs "
                         "threads (the timed parts always run alone): small models train faster side by side")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else [n for n in EXPERIMENTS if args.full or n not in FULL_ONLY]
-    if unknown := set(names) - set(EXPERIMENTS):
-        parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(EXPERIMENTS)}")
+    names = args.only.split(",") if args.only else [n for n, part in PARTS.items() if args.full or part.quick]
+    if unknown := set(names) - set(PARTS):
+        parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(PARTS)}")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: pass 1 or more")
     if args.threads:
