@@ -1,19 +1,23 @@
-"""The attention-vs-RNN report's experiments, one module per question; `python -m scripts.report` runs them.
+"""The attention-vs-RNN report's experiments; `python -m scripts.report` runs them (its PARTS table is the schedule).
 
+    protocol.py   the protocol every comparison follows: recipes, each model tuned on its own optimizers' grids,
+                  seeds, the summaries a verdict reads
+    parallel.py   reason (a): FLOP/s and the thread speedup against the batch at a fixed tokens per step, a windowed
+                  GPT against the LSTM and minGRU of equal FLOPs per token; minGRU's scan against its own steps
+    context.py    reason (b): language modelling at equal tokens and equal time, context use (truncation, a repeat)
+    sizes.py      reason (b): the LSTM-GPT gap against model size, decided only where the data regime allows
+    retrieval.py  reason (c): induction as learning speed, MQAR against bytes of state (GPT, LSTM, minGRU)
+    lm.py         the language-model runs (train.py) that context, sizes, positions, window and text read
+    tasks.py      the synthetic tasks, the equal-size model trio and the short loop that trains on them
     mechanism.py  why the formula is what it is: √d_k, a worked example, paths and sequential steps, gradients
-    tasks.py      the synthetic tasks (associative recall, induction), their training loop and the lr/seed grid
-    recall.py     recall and induction, both models tuned alike, and recall at fixed pairs against bytes of state
-    lm.py         language modelling at equal tokens and at equal time (each model's best recipe), loss by position,
-                  positions and windows compared
-    sizes.py      scaling in miniature: both models at 3-4 sizes for equal tokens, loss against params and FLOPs
-    context.py    context use: the loss with tokens beyond k replaced, and a span repeated at distance D
     text.py       what a trained GPT's heads attend to in real code
-    cost.py       training throughput at d = 256/512 against length, the work-span model, long contexts, generation
+    cost.py       one layer's time and memory at long contexts, and decoding's time and memory
     gpu.py        reason (a) on one GPU: `python -m scripts.report.gpu` (--smoke on the CPU)
 
 Each experiment is a function of a Context: it appends rows to the results table (ctx.row), every trained grid
-point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs
-(ctx.verdict) and saves its figures (ctx.save), each figure labelled with its models, budget and hardware.
+point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs by
+its stated rule (ctx.verdict) and saves its figures (ctx.save), each figure labelled with its models, budget and
+hardware.
 """
 import time
 from dataclasses import dataclass, field
