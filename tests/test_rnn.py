@@ -146,11 +146,11 @@ def test_presets_match_the_default_gpt_within_one_percent(preset):
     assert cfg.type == preset and isinstance(build_model(cfg), RNN) and abs(rnn / gpt - 1) < 0.01
 
 
-def test_the_lstm_preset_brings_its_tuned_muon_lr_and_the_command_line_still_wins():
+def test_the_rnn_presets_bring_their_tuned_muon_lr_and_the_command_line_still_wins():
     assert compose().train.muon_lr == 0.02 and compose("model=lstm").train.muon_lr == 0.08
     assert compose("model=lstm", "train.muon_lr=0.01").train.muon_lr == 0.01
     assert compose("model=gru").train.muon_lr == 0.02  # the GRU's was not tuned
-    assert compose("model=mingru").train.muon_lr == 0.02
+    assert compose("model=mingru").train.muon_lr == 0.3
 
 
 @pytest.mark.slow
