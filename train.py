@@ -1,4 +1,4 @@
-"""Train a GPT (or the RNN baseline, model=lstm|gru) on a text corpus.
+"""Train a GPT (or the RNN baseline, model=lstm|gru|mingru) on a text corpus.
 
     python train.py                                     # built-in corpus (Python's stdlib), a few CPU minutes
     python train.py experiment=shakespeare_char         # a recipe from configs/experiment/

@@ -121,8 +121,9 @@ class MinGRU(nn.Module):
         h_tilde = g(pre)  # (B, T, C)
         h = h0 if h0 is not None else k.new_zeros(k.size(0), k.size(2))  # (B, C)
         hs = []
-        for t in range(k.size(1)):
-            h = (1 - z[:, t]) * h + z[:, t] * h_tilde[:, t]
+        # unbind slices once: an index z[:, t] per step would give each step's backward a full (B, T, C) gradient
+        for z_t, h_tilde_t in zip(z.unbind(1), h_tilde.unbind(1)):
+            h = (1 - z_t) * h + z_t * h_tilde_t
             hs.append(h)
         return torch.stack(hs, dim=1)
 
