@@ -31,11 +31,10 @@ STEPS = "mingru steps"  # the minGRU reading its sequences step by step (RNN.sca
 BUDGET = {
     # the GPT: n_layer blocks of width (heads of HEAD_SIZE), each query seeing `window` tokens; one training step of
     # `tokens` tokens (batch tokens / T) at each length, every (model, T, threads) once per round, `rounds` rounds
-    # after a warm-up step each; the minGRU also step by step at step_lengths, its T steps a layer being the dearest
-    # call. Sized from step times on two cores: quick about 200 s, full about 900 s
-    "quick": dict(width=128, n_layer=2, window=64, lengths=(64, 512, 4096), step_lengths=(64, 512), tokens=4096,
-                  rounds=10),
-    "full": dict(width=256, n_layer=2, window=64, lengths=(64, 256, 1024, 4096), step_lengths=(64, 256, 1024),
+    # after a warm-up step each; the minGRU also step by step at step_lengths
+    "quick": dict(width=128, n_layer=2, window=64, lengths=(64, 512, 4096), step_lengths=(64, 512, 4096),
+                  tokens=4096, rounds=10),
+    "full": dict(width=256, n_layer=2, window=64, lengths=(64, 256, 1024, 4096), step_lengths=(64, 256, 1024, 4096),
                  tokens=4096, rounds=10),
 }
 KEEPS, FALLS = 0.75, 0.5  # at batch 1: the share of its largest batch's FLOP/s the GPT keeps, the LSTM falls below
