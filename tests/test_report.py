@@ -51,21 +51,6 @@ def test_a_partial_run_writes_each_preset_to_a_scratch_folder(tmp_path, monkeypa
         assert runs["scaling"]["preset"] == ("full" if flags else "quick")
 
 
-def test_the_quick_preset_leaves_the_full_only_experiments_to_full_or_only(tmp_path, monkeypatch):
-    ran = []
-    monkeypatch.setattr(report_cli, "PARTS", {name: Part(lambda ctx, name=name: ran.append((ctx.preset, name)),
-                                                         quick=name not in ("positions", "window"))
-                                              for name in ("scaling", "mqar", "positions", "window", "lm")})
-    monkeypatch.setattr(report_cli, "write_report", lambda ctx, names, seconds, hardware: None)
-    for flags in ([], ["--full"], ["--only", "mqar,lm"]):
-        ran.clear()
-        monkeypatch.setattr(sys, "argv", ["scripts.report", "--device", "cpu", "--out", str(tmp_path), *flags])
-        report_cli.main()
-        names = [name for _, name in ran]
-        assert names == {0: ["scaling", "mqar", "lm"], 1: ["scaling", "mqar", "positions", "window", "lm"],
-                         2: ["mqar", "lm"]}[len(flags)]
-
-
 def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(report_cli, "PARTS", dict(mqar=None, lm=None, sizes=None, parallel=None))
     ctx = Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
@@ -88,7 +73,7 @@ def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_
 
 def test_the_schedule_times_alone_what_measures_time_and_runs_the_lm_runs_readers_after_lm():
     parts = report_cli.PARTS
-    assert {n for n, p in parts.items() if p.timed} == {"lm", "window", "parallel", "long", "generation"}
+    assert {n for n, p in parts.items() if p.timed} == {"lm", "parallel", "long", "generation"}
     assert all(list(parts).index(n) > list(parts).index("lm") for n, p in parts.items() if p.reads_lm)
 
 

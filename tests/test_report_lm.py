@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from conftest import compose, words_corpus
 
-from attnlab.checkpoint import build_model, save_checkpoint
+from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.record import RunLog, read_metrics
 from scripts.report import Context, context, lm
@@ -25,7 +25,7 @@ from train import train
 TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
             adamw_lrs=dict(gpt=[1e-3, 1e-2, 3e-2], lstm=[3e-3, 3e-2]),
             muon_lrs=dict(gpt=[0.01, 0.02], lstm=[0.01, 0.02]), grid_seeds=1, seeds=3, evals=4, eval_iters=2,
-            select_windows=None, test_windows=None, windows=[8])
+            select_windows=None, test_windows=None)
 
 
 @pytest.fixture
@@ -78,14 +78,14 @@ def test_lm_trains_both_models_with_train_py(tiny_report, monkeypatch):
 
 
 @pytest.mark.slow
-def test_lm_positions_and_window_end_to_end(tiny_report, monkeypatch):
-    """positions finds no lm runs and trains them first; window then reuses them."""
+def test_a_reader_of_the_lm_runs_trains_them_when_missing_each_model_tuned_on_both_optimizers(tiny_report,
+                                                                                              monkeypatch):
     ctx = tiny_report
     in_process(monkeypatch)
-    lm.exp_positions(ctx)
+    lm.lm_results(ctx)
     grid_points = len(ctx.grid)
-    lm.exp_window(ctx)
-    assert not [p for p in ctx.grid[grid_points:] if p["experiment"] == "lm"]  # window reused the lm runs
+    lm.lm_results(ctx)
+    assert len(ctx.grid) == grid_points  # the second reader reused the runs
     result = lm.load_lm()
     grid = [p for p in ctx.grid if p["experiment"] == "lm" and p["setting"].startswith("context=16 ")
             and "time=" not in p["setting"]]  # equal tokens
@@ -111,18 +111,6 @@ def test_lm_positions_and_window_end_to_end(tiny_report, monkeypatch):
     batch = {json.loads((d / "config.json").read_text())["config"]["train"]["batch_size"]
              for d in (lm.RUNS / "lm").iterdir() if d.is_dir()}
     assert batch == {TINY["batch_size"]}
-    assert {p["setting"].split()[0] for p in ctx.grid if p["experiment"] == "positions"} == {
-        "pos=learned", "pos=sinusoidal", "pos=none"}
-    assert {p["setting"].split()[0] for p in ctx.grid if p["experiment"] == "window"} == {"window=8"}
-    positions = rows_of(ctx, "positions")
-    assert len(positions["test loss at the trained length 16"]["gpt"].split(" / ")) == 4
-    long = positions["test loss at positions 17-32, run at 32"]
-    assert len(long["gpt"].split(" / ")) == 3 and "learned" in long["note"]
-    assert all(math.isfinite(mean(cell)) for cell in [*long["gpt"].split(" / "), long["lstm"]])
-    window = rows_of(ctx, "window")
-    assert len(window["test loss at context 16"]["gpt"].split(" / ")) == 2
-    assert "reaches 7 tokens back" in window["loss a window costs against full attention"]["note"]
-    assert {p.name for p in ctx.out.glob("*.png")} == {"positions.png", "window.png"}
 
 
 def fake_run(out="run", seed=0, recipe=Recipe("adamw", 1e-3), test=2.0):
@@ -185,26 +173,6 @@ def test_equal_time_runs_train_through_train_py_time_budget(tiny_report, monkeyp
     assert run.recipe == Recipe("muon", 3e-3, 0.02) and len(run.by_position) == 16 and run.select > 0
     points = [p for p in ctx.grid if p["setting"] == "context=16 time=0.3s muon adamw_lr=0.003"]
     assert [(p["metric"], p["lr"], p["seed"]) for p in points] == [("selection loss", 0.02, 1), ("test loss", 0.02, 1)]
-
-
-@pytest.mark.parametrize("pos", ["rope", "sinusoidal", "none"])
-def test_a_model_run_at_twice_its_length_predicts_the_first_half_alike(tmp_path, pos):
-    cfg = ModelConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16, pos=pos)
-    torch.manual_seed(0)
-    model = build_model(cfg)
-    save_checkpoint(tmp_path / "ckpt.pt", {"model": model.state_dict(), "model_config": asdict(cfg), "meta": {}})
-    long = lm.final_model(tmp_path, block_size=16)
-    x = torch.randint(20, (2, 16))
-    assert long.config.block_size == 16 and long(x)[0].shape == (2, 16, 20)
-    torch.testing.assert_close(long(x[:, :8])[0], model.eval()(x[:, :8])[0])
-
-
-def test_learned_positions_cannot_run_past_their_table(tmp_path):
-    cfg = ModelConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16, pos="learned")
-    save_checkpoint(tmp_path / "ckpt.pt", {"model": build_model(cfg).state_dict(), "model_config": asdict(cfg),
-                                           "meta": {}})
-    with pytest.raises(RuntimeError, match="wpe"):
-        lm.final_model(tmp_path, block_size=16)
 
 
 def test_position_losses_average_the_cross_entropy_of_every_window():

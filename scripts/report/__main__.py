@@ -1,7 +1,7 @@
-"""Why attention replaced RNNs, measured on this machine: a GPT against an LSTM of the same size, in one command.
+"""Why attention replaced RNNs, measured here: a GPT against an LSTM and a minGRU of its size, in one command.
 
-    python -m scripts.report                    # quick preset (no positions, window): results/quick/
-    python -m scripts.report --full             # longer caps, wider grids, a bigger LM: scripts/report/results/full/
+    python -m scripts.report                    # quick preset: results/quick/
+    python -m scripts.report --full             # longer caps, more pairs, wider models: scripts/report/results/full/
     python -m scripts.report --full --jobs 2    # the untimed parts two at a time, one thread each
     python -m scripts.report --only mqar        # one experiment (or several, comma-separated): into out/report/quick/
     python -m scripts.report --only mqar --out scripts/report/results/quick     # ... into the committed report
@@ -30,7 +30,7 @@ from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context, exp_lm
 from scripts.report.cost import exp_generation, exp_long
-from scripts.report.lm import exp_positions, exp_window, lm_results
+from scripts.report.lm import lm_results
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.parallel import exp_parallel
 from scripts.report.retrieval import exp_induction, exp_mqar
@@ -40,11 +40,9 @@ from scripts.report.text import exp_text
 
 @dataclass(frozen=True)
 class Part:
-    """One experiment of the schedule: its function, whether the quick preset runs it (the others cost it most and
-    decide no verdict), whether its numbers are wall times (then it runs alone, even with --jobs), and whether it
-    reads the lm experiment's runs (which are then trained first)."""
+    """One experiment of the schedule: its function, whether its numbers are wall times (then it runs alone, even
+    with --jobs), and whether it reads the lm experiment's runs (which are then trained first)."""
     run: Callable
-    quick: bool = True
     timed: bool = False
     reads_lm: bool = False
 
@@ -55,8 +53,6 @@ PARTS = dict(
     induction=Part(exp_induction),
     mqar=Part(exp_mqar),
     lm=Part(exp_lm, timed=True),
-    positions=Part(exp_positions, quick=False, reads_lm=True),
-    window=Part(exp_window, quick=False, timed=True, reads_lm=True),
     sizes=Part(exp_sizes, reads_lm=True),
     context=Part(exp_context, reads_lm=True),
     text=Part(exp_text, reads_lm=True),
@@ -183,7 +179,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=1, help="parts run at a time, each on threads/jobs "
                         "threads (the timed parts always run alone): small models train faster side by side")
     args = parser.parse_args()
-    names = args.only.split(",") if args.only else [n for n, part in PARTS.items() if args.full or part.quick]
+    names = args.only.split(",") if args.only else list(PARTS)
     if unknown := set(names) - set(PARTS):
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(PARTS)}")
     if args.jobs < 1:

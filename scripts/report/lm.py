@@ -1,5 +1,5 @@
 """Language-model runs, shared by reason (b)'s experiments (scripts/report/context.py: lm and context; sizes.py) and
-the two illustrations here: a GPT against an LSTM of the same size, every run trained by `python train.py` on one
+the illustrations: a GPT against an LSTM of the same size, every run trained by `python train.py` on one
 corpus at one context length, its final weights scored on the val split, and the measures read off those scores.
 
 Protocol (scripts/report/protocol.py): each model is tuned on its own optimizers at equal tokens (best_recipe: AdamW's
@@ -10,10 +10,7 @@ the same train.time_budget_s (the GPT's mean wall time at equal tokens) with the
 tokens, not tuned again, the lr decaying over the budget. train.py has no early stop; a run still improving at its end
 (by more than PLATEAU_NATS over its last quarter) is flagged in the rows.
 Runs live in RUNS/<experiment>/; RUNS/lm/result.json holds the lm training's LMResult, which the lm, context, sizes,
-positions, window, paths and text experiments read (lm_results, best_run).
-
-    exp_positions   RoPE, learned, sinusoidal and no positions in the lm GPT, at the trained length and twice it
-    exp_window      sliding-window attention against the lm GPT's full attention
+paths and text experiments read (lm_results, best_run).
 """
 import json
 import math
@@ -25,7 +22,6 @@ import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -36,7 +32,7 @@ from attnlab.config import compose
 from attnlab.record import read_metrics
 from data.corpus import load_meta, load_split, prepare
 from scripts.report import RUNS
-from scripts.report.protocol import Recipe, Tuned, best_recipe, mean_range
+from scripts.report.protocol import Recipe, Tuned, best_recipe
 from scripts.report.tasks import rnn_width
 
 # gpt: the GPT as train.py overrides (the LSTM is configs/model/lstm.yaml at the width matching its parameter count);
@@ -44,23 +40,22 @@ from scripts.report.tasks import rnn_width
 # adamw_lrs, muon_lrs: each model's AdamW lr grid and Muon muon_lr grid (best_recipe; a grid whose best is at an end
 # is widened); grid_seeds: the seeds every grid point is trained with, seeds: those the chosen recipe is trained with;
 # evals, eval_iters: train.py's val estimates per step cap and batches per estimate (the curves); select_windows,
-# test_windows: windows of block_size scored on each half of the val split (None: all); windows: model.window sizes.
+# test_windows: windows of block_size scored on each half of the val split (None: all);.
 # Runs: (3 + 2) x 2 optimizers x 2 models at equal tokens, 3 x 2 at equal time, each a train.py start-up, its
 # training and the scoring; 8 x 256 tokens a step is train.py's default 16 x 128.
 BUDGET = {
     "quick": dict(gpt=["model.n_layer=2", "model.n_head=2", "model.n_embd=64"], block_size=256, batch_size=8,
                   steps=128, adamw_lrs=dict(gpt=[1.5e-3, 3e-3, 6e-3], lstm=[5e-3, 1e-2, 2e-2]),
                   muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]), grid_seeds=1, seeds=3, evals=4,
-                  eval_iters=4, select_windows=128, test_windows=512, windows=[64]),
+                  eval_iters=4, select_windows=128, test_windows=512),
     "full": dict(gpt=["model.n_layer=3", "model.n_head=3", "model.n_embd=96"], block_size=256, batch_size=8,
                  steps=256, adamw_lrs=dict(gpt=[1.5e-3, 3e-3, 6e-3], lstm=[5e-3, 1e-2, 2e-2]),
                  muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]), grid_seeds=1, seeds=3, evals=4,
-                 eval_iters=4, select_windows=256, test_windows=None, windows=[64]),
+                 eval_iters=4, select_windows=256, test_windows=None),
 }
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
 RESULT = RUNS / "lm" / "result.json"  # the last lm training's LMResult
 PLATEAU_NATS = 0.01  # a run whose val loss fell by more than this over its last quarter was still improving at the end
-SCHEMES = ("rope", "learned", "sinusoidal", "none")  # model.pos; the lm experiment's GPT is the rope one
 ADD_K = (1e-3, 1e-2, 0.1, 1.0)  # the n-gram baselines' add-k smoothing, chosen on the selection half like an lr
 MAX_ITERS_PER_CAP = 50  # a time-budget run's step cap, in step caps: far enough that the seconds end it
 NAMES = ("gpt", "lstm")
@@ -289,11 +284,10 @@ def halves(data_dir):
     return val[:len(val) // 2], val[len(val) // 2:]
 
 
-def final_model(out, block_size=None, device="cpu"):
-    """A run's final weights (ckpt.pt) in eval mode, optionally in a model built for another context length: RoPE and
-    sinusoidal tables are rebuilt for it (they are not saved), learned position embeddings cannot be."""
+def final_model(out, device="cpu"):
+    """A run's final weights (ckpt.pt) in eval mode."""
     ckpt = load_checkpoint(Path(out) / "ckpt.pt")
-    model = build_model({**ckpt["model_config"], **({"block_size": block_size} if block_size else {})})
+    model = build_model(ckpt["model_config"])
     model.load_state_dict(ckpt["model"])
     return model.to(device).eval()
 
@@ -384,99 +378,6 @@ def kaplan_note(curves, T):
 def test_losses(runs):
     """The runs' test losses, in order."""
     return [r.test for r in runs]
-
-
-def exp_positions(ctx):
-    """RoPE, learned, sinusoidal and no position information in the lm experiment's GPT (its recipe, steps and seeds),
-    at the trained length and at twice it."""
-    result = lm_results(ctx)
-    gpt, T, recipe = result.models["gpt"], result.plan.block_size, result.tuned["gpt"].recipe
-    shutil.rmtree(RUNS / "positions", ignore_errors=True)
-    runs = {"rope": result.runs("gpt")}
-    for pos in SCHEMES[1:]:
-        runs[pos] = [lm_run(ctx, result.plan, "positions", gpt, f"pos={pos}", recipe, r.seed,
-                            extra=[f"model.pos={pos}"]) for r in result.runs("gpt")]
-    test_half, windows = halves(result.plan.data_dir)[1], result.plan.test_windows
-    def long(r):
-        return position_losses(final_model(r.out, 2 * T, ctx.device), test_half, 2 * T,
-                               windows and windows // 2)  # the same tokens in half as many windows
-    at_2T = {pos: torch.stack([long(r) for r in runs[pos]]) for pos in SCHEMES if pos != "learned"}
-    lstm_2T = torch.stack([long(r) for r in result.runs("lstm")])
-    tested = [pos for pos in SCHEMES if pos in at_2T]
-    ctx.row("positions", f"test loss at the trained length {T}: " + " / ".join(SCHEMES),
-            " / ".join(mean_range(test_losses(runs[pos])) for pos in SCHEMES),
-            mean_range(test_losses(result.runs("lstm"))),
-            f"GPT at the lm experiment's recipe, {recipe} (tuned with rope), and budget; {seeds_note(result)}; "
-            f"{capped_note(runs)}; LSTM at its own recipe for reference")
-    ctx.row("positions", f"test loss at positions {T + 1}-{2 * T}, run at {2 * T}: " + " / ".join(tested),
-            " / ".join(mean_range(c[:, T:].mean(1).tolist()) for c in at_2T.values()),
-            mean_range(lstm_2T[:, T:].mean(1).tolist()),
-            f"built with block_size={2 * T} and the trained weights loaded (RoPE and sinusoidal tables are rebuilt, "
-            f"not saved); learned positions have no embedding past {T}, so cannot run there; the LSTM's state "
-            f"simply carries on")
-    positions_figure(ctx, result, runs, at_2T, lstm_2T)
-
-
-def positions_figure(ctx, result, runs, at_2T, lstm_2T):
-    T = result.plan.block_size
-    bin_size = max(1, T // 16)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for i, pos in enumerate(SCHEMES):
-        curve = at_2T[pos] if pos in at_2T else torch.tensor([r.by_position for r in runs[pos]])
-        a.plot(*binned(curve.mean(0), bin_size), color=f"C{i}", label=pos)
-        values_by_length = [test_losses(runs[pos])] + ([at_2T[pos][:, T:].mean(1).tolist()] if pos in at_2T else [])
-        for j, values in enumerate(values_by_length):
-            b.bar(i + 0.4 * j, np.mean(values), 0.4, yerr=[[np.mean(values) - min(values)],
-                  [max(values) - np.mean(values)]], color=f"C{i}", alpha=1 - 0.5 * j, capsize=3)
-    a.plot(*binned(lstm_2T.mean(0), bin_size), "k--", lw=1, label="LSTM")
-    a.axvline(T + 0.5, color="gray", ls=":", lw=1)
-    a.set(xlabel="position", ylabel=f"test loss, mean of {bin_size} positions",
-          title=f"trained at {T}, run at {2 * T} (right of the dotted line)")
-    low = min(min(test_losses(rs)) for rs in runs.values())
-    b.set(xticks=[i + 0.2 for i in range(len(SCHEMES))], xticklabels=SCHEMES, ylim=(0.95 * low, None),
-          ylabel="test loss", title=f"positions 1-{T} (solid), {T + 1}-{2 * T} (pale); seed range")
-    a.legend(fontsize=8)
-    ctx.save(fig, "positions.png", f"GPT {result.models['gpt'].desc} at the lm experiment's recipe (tuned with rope), "
-             f"seeds {seeds_range(result)}; " + lm_detail(result))
-
-
-def exp_window(ctx):
-    """Sliding-window attention (each query sees itself and window - 1 earlier tokens) against the lm experiment's
-    full-attention GPT at the same context, recipe, steps and seeds: what the window costs."""
-    result = lm_results(ctx)
-    gpt, T, recipe = result.models["gpt"], result.plan.block_size, result.tuned["gpt"].recipe
-    shutil.rmtree(RUNS / "window", ignore_errors=True)
-    sizes = [w for w in BUDGET[ctx.preset]["windows"] if w < T]
-    runs = {0: result.runs("gpt")} | {w: [lm_run(ctx, result.plan, "window", gpt, f"window={w}", recipe, r.seed,
-                                                 extra=[f"model.window={w}"]) for r in result.runs("gpt")]
-                                      for w in sizes}
-    def label(w):
-        return f"window {w}" if w else "full"
-    losses = {w: test_losses(rs) for w, rs in runs.items()}
-    ctx.row("window", f"test loss at context {T}: " + " / ".join(map(label, runs)),
-            " / ".join(mean_range(v) for v in losses.values()), mean_range(test_losses(result.runs("lstm"))),
-            f"{seeds_note(result)}; {capped_note(runs)}; wall s "
-            + " / ".join(mean_range([r.seconds for r in rs], 0) for rs in runs.values()) + "; LSTM for reference")
-    ctx.row("window", "loss a window costs against full attention: " + " / ".join(map(label, sizes)),
-            " / ".join(mean_range([a - b for a, b in zip(losses[w], losses[0])]) for w in sizes), "-",
-            f"differences within each seed; {gpt.desc} has {gpt.n_layer} layers, so a token reaches "
-            + " / ".join(str(gpt.n_layer * (w - 1)) for w in sizes) + " tokens back")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (w, rs) in enumerate(runs.items()):
-        ax.plot(*binned(torch.tensor([r.by_position for r in rs]).mean(0), max(1, T // 16)), color=f"C{i}",
-                label=label(w))
-        if w:
-            ax.axvline(gpt.n_layer * (w - 1) + 1, color=f"C{i}", ls=":", lw=1)
-    ax.set(xlabel="position in the context", ylabel=f"test loss, mean of {max(1, T // 16)} positions",
-           title="sliding-window attention (dotted: the farthest a token reaches through all layers)")
-    ax.legend(fontsize=8)
-    ctx.save(fig, "window.png", f"GPT {gpt.desc} at {recipe} (tuned with full attention); " + lm_detail(result))
-
-
-def binned(curve, size):
-    """(bin centres, means) of curve over consecutive bins of size positions: readable where one position is noisy."""
-    n = len(curve) // size * size
-    return torch.arange(n).view(-1, size).float().mean(1) + 1, curve[:n].view(-1, size).mean(1)
 
 
 def seeds_range(result):
