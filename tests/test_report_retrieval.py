@@ -230,8 +230,8 @@ def test_each_model_tunes_its_own_optimizer_and_muon_lr_on_the_selection_set(mon
     b = dict(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=3)
     select = {"s": (torch.zeros(4, 100), torch.zeros(4, 100))}
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
-    best = retrieval.train_best(ctx, "induction", TINY, "lstm", "width 8", None, select, test, b, part,
-                                retrieval.speed_merit)
+    task = retrieval.Task("induction", None, select, test)
+    best = retrieval.train_best(ctx, task, TINY, "lstm", "width 8", b, part, retrieval.speed_merit)
     assert best.tuned.recipe == Recipe("muon", 1e-2, 0.54) and not best.tuned.edge
     assert best.tuned.lrs == [0.02, 0.06, 0.18, 0.54, 1.62] and set(best.tuned.runs) == {0, 1, 2}
     (adamw,) = best.tuned.others

@@ -94,7 +94,7 @@ def quartiles(values):
     return low, median, high
 
 
-def spread(values):
+def median_quartiles(values):
     """'median [lower quartile-upper quartile]'."""
     low, median, high = quartiles(values)
     return f"{median:.2f} [{low:.2f}-{high:.2f}]"
@@ -271,17 +271,17 @@ def parallel_rows(ctx, p):
     for T in p.lengths:
         def cell(name):
             one, two = (statistics.median(p.rates(name, T, threads)) / 1e9 for threads in THREADS)
-            return f"{one:.1f} / {two:.1f} (x{spread(p.speedup(name, T))})"
+            return f"{one:.1f} / {two:.1f} (x{median_quartiles(p.speedup(name, T))})"
         ctx.row("parallel", f"training GFLOP/s at 1 / 2 threads (2-thread speedup), T={T:,}, batch {p.batch(T)}",
                 cell("gpt"), cell("lstm"), "speedup: median [quartiles] over rounds", mingru=cell("mingru"))
     ctx.row("parallel", f"FLOP/s kept at batch 1 against batch {p.batch(p.lengths[0])}, 1 thread",
-            spread(p.kept("gpt")), spread(p.kept("lstm")), "median [quartiles] over rounds",
-            mingru=spread(p.kept("mingru")))
+            median_quartiles(p.kept("gpt")), median_quartiles(p.kept("lstm")), "median [quartiles] over rounds",
+            mingru=median_quartiles(p.kept("mingru")))
     for T in p.step_lengths:
         scan, steps = (statistics.median(p.seconds[name, T, 1]) * 1e3 for name in ("mingru", STEPS))
         ctx.row("parallel", f"minGRU training step, step by step over the scan, T={T:,}, batch {p.batch(T)}", "", "",
                 f"{steps:,.0f} vs {scan:,.0f} ms; 1 thread; median [quartiles] over rounds",
-                mingru=f"x{spread(p.steps_over_scan(T))}")
+                mingru=f"x{median_quartiles(p.steps_over_scan(T))}")
 
 
 def decide_parallel(ctx, p):
@@ -289,11 +289,12 @@ def decide_parallel(ctx, p):
     kept = {name: p.kept(name) for name in ("gpt", "lstm", "mingru")}
     long = p.lengths[-1]
     speedups = {name: p.speedup(name, long) for name in kept}
-    evidence = (f"FLOP/s kept at batch 1 against batch {p.batch(p.lengths[0])} (1 thread): GPT {spread(kept['gpt'])}, "
-                f"LSTM {spread(kept['lstm'])}, minGRU {spread(kept['mingru'])}; 2-thread speedup at batch 1: GPT "
-                f"{spread(speedups['gpt'])}, LSTM {spread(speedups['lstm'])}, minGRU {spread(speedups['mingru'])}; "
-                f"gap GPT - LSTM {spread(p.gap())} (median [quartiles] over {len(p.gap())} rounds, equal FLOPs per "
-                f"token)")
+    q = {name: median_quartiles(values) for name, values in kept.items()}
+    s = {name: median_quartiles(values) for name, values in speedups.items()}
+    evidence = (f"FLOP/s kept at batch 1 against batch {p.batch(p.lengths[0])} (1 thread): GPT {q['gpt']}, LSTM "
+                f"{q['lstm']}, minGRU {q['mingru']}; 2-thread speedup at batch 1: GPT {s['gpt']}, LSTM {s['lstm']}, "
+                f"minGRU {s['mingru']}; gap GPT - LSTM {median_quartiles(p.gap())} (median [quartiles] over "
+                f"{len(p.gap())} rounds, equal FLOPs per token)")
     ctx.verdict("parallel", "a", evidence, decide(kept, p.gap()), rule=RULE)
     gpu = json.loads(GPU_RESULTS.read_text()) if GPU_RESULTS.exists() else {}
     if gpu.get("smoke") is False and gpu["throughput"]:  # a real GPU run; a --smoke one is a code check

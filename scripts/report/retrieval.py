@@ -19,6 +19,7 @@ task (SOLVED on every selection set). Each rule below is written before the runs
 import math
 import statistics
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -127,7 +128,7 @@ def save_wrapped(ctx, fig, name, detail):
     ctx.save(fig, name, textwrap.fill(detail, int(20 * fig.get_figwidth())))
 
 
-def spread(values, digits=0):
+def percent_range(values, digits=0):
     """Percentages over seeds as 'min-max', or one number when they agree to the last digit shown."""
     low, high = f"{100 * min(values):.{digits}f}", f"{100 * max(values):.{digits}f}"
     return low if low == high else f"{low}-{high}"
@@ -163,10 +164,21 @@ def flat_test(select):
     return flat
 
 
-def train_best(ctx, experiment, cfg, name, setting, make_batch, select, test, b, part, merit):
+@dataclass
+class Task:
+    """A synthetic task as train_best trains on it: its experiment's name, make_batch(step, generator) -> (x, y), and
+    its selection and test sets {name: (x, y)}."""
+    experiment: str
+    make_batch: Callable
+    select: dict
+    test: dict
+
+
+def train_best(ctx, task, cfg, name, setting, b, part, merit):
     """cfg at its best recipe (best_recipe on b's grids, choosing by merit on the selection sets), then the chosen
     recipe with the rest of part's seeds. Every run goes to ctx.grid_point: its selection and test accuracies, its
     steps to each of LEVELS and whether it was still improving at the cap."""
+    experiment, make_batch, select, test = task.experiment, task.make_batch, task.select, task.test
     seconds = []
 
     def fit(recipe: Recipe, seed):
@@ -282,8 +294,9 @@ def exp_induction(ctx):
     def make(it, g):
         return induction_batch(b["batch"], generator=g)[:2]
 
-    trained = {name: train_best(ctx, "induction", cfg, name, f"width {cfg.n_embd}", make, select, test, b, part,
-                                speed_merit) for name, cfg in configs.items()}
+    task = Task("induction", make, select, test)
+    trained = {name: train_best(ctx, task, cfg, name, f"width {cfg.n_embd}", b, part, speed_merit)
+               for name, cfg in configs.items()}
     speeds = {name: {level: Speed([steps_to(run, level) for run in t.runs], part["steps"]) for level in LEVELS}
               for name, t in trained.items()}
     n_params = {name: t.runs[0].model.num_params() for name, t in trained.items()}
@@ -301,11 +314,11 @@ def exp_induction(ctx):
                 speeds["mingru"][level].text())
     accuracy = {name: [run.test["second copy"] for run in t.runs] for name, t in trained.items()}
     ctx.row("induction", f"test accuracy % on the second copy at the end (min-max over {part['seeds']} seeds)",
-            *(spread(accuracy[n], 1) for n in ("gpt", "lstm")),
+            *(percent_range(accuracy[n], 1) for n in ("gpt", "lstm")),
             "chance " + ", ".join(f"{label} {100 * level:.1f}%" for label, level in chance.items()) + "; recipes: "
             + "; ".join(f"{LABELS[n]} {t.recipe_text()}" for n, t in trained.items()) + "; training "
             + " / ".join(f"{t.seconds:.0f} s" for t in trained.values()) + " (every run, GPT / LSTM / minGRU)",
-            spread(accuracy["mingru"], 1))
+            percent_range(accuracy["mingru"], 1))
     ctx.row("induction", "GPT attention: layer 1 on the previous token / layer 2 on the induction target",
             f"{100 * prev:.0f}% / {100 * induct:.0f}%", "", "seed 0, averaged over the second copy of 256 sequences")
     ctx.verdict("induction", "c", *induction_verdict(speeds), rule=RULE_INDUCTION)
@@ -431,7 +444,7 @@ def mqar_model(name, width, max_pairs, keys):
 
 def accuracy_cell(points, name, n):
     """Each width's test accuracy at n pairs (min-max over seeds) and its bytes of state there."""
-    return "; ".join(f"{p.width}: {spread(p.test[n])} ({p.bytes[n]:,} B)" for p in points if p.name == name)
+    return "; ".join(f"{p.width}: {percent_range(p.test[n])} ({p.bytes[n]:,} B)" for p in points if p.name == name)
 
 
 def exp_mqar(ctx):
@@ -446,11 +459,11 @@ def exp_mqar(ctx):
     def make(it, g):
         return mixed_recall_batch(b["batch"], min(pairs), max(pairs), keys, generator=g)
 
-    points = []
+    points, task = [], Task("mqar", make, select, test)
     for name in MODELS:
         for width in part["widths"][name]:
             cfg = mqar_model(name, width, max(pairs), keys)
-            trained = train_best(ctx, "mqar", cfg, name, f"width {width}", make, select, test, b, part, recall_merit)
+            trained = train_best(ctx, task, cfg, name, f"width {width}", b, part, recall_merit)
             points.append(Point(name, width, trained, {n: state_bytes(cfg, 3 * n) for n in pairs},
                                 {n: [run.test[n] for run in trained.runs] for n in pairs}))
     detail = ("2-layer GPT (1 head), LSTM and minGRU at widths " + "; ".join(
