@@ -100,8 +100,9 @@ class MinGRU(nn.Module):
         """x (B, T, C); h0 (B, C), or None for zeros; mask (B, T) False at left padding, or None; parallel: the scan
         or T sequential steps. Returns x plus the layer's h (B, T, C), and the last h (B, C) in fp32."""
         u = self.ln(x)
-        k = self.c_z(u).float()  # (B, T, C) in fp32: the scan sums logs over the whole sequence
-        pre = self.c_h(u).float()  # (B, T, C)
+        # (B, T, C) in fp32 at least: the scan sums logs over the whole sequence
+        k = self.c_z(u).to(torch.promote_types(u.dtype, torch.float32))
+        pre = self.c_h(u).to(k.dtype)  # (B, T, C)
         h = self._scan(k, pre, h0, mask) if parallel else self._steps(k, pre, h0, mask)
         return x + self.drop(h).type_as(x), h[:, -1]
 
