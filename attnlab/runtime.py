@@ -96,6 +96,20 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+class Deadline:
+    """Seconds left before a wall-clock end, and whether a part predicted to take some seconds fits in them beside a
+    reserve; past the end nothing fits, however small. The time limit of bench's and the report's GPU checks."""
+
+    def __init__(self, seconds, clock=time.monotonic):
+        self.clock, self.end = clock, clock() + seconds
+
+    def left(self):
+        return self.end - self.clock()
+
+    def fits(self, predicted_s, reserve_s=0.0):
+        return self.left() > 0 and predicted_s + reserve_s <= self.left()
+
+
 def alternate_rounds(fns, rounds, device):
     """Call each of fns once per round, in turn (A B A B ...); every call's seconds, by name. A neighbour that slows
     a shared machine for a while then slows every side alike."""

@@ -47,6 +47,7 @@ from attnlab.distributed import Processes, wrap
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
 from attnlab.runtime import (
+    Deadline,
     alternate,
     autocast,
     autocast_dtype,
@@ -441,19 +442,6 @@ LOSS_TOLERANCE = dict(max=0.05, mean=0.02)
 # DDP on one process against the same steps without it, in nats: one process's all-reduce changes no gradient, so
 # only the run-to-run noise of kernels that add in parallel (atomics) remains
 DDP_TOLERANCE = 1e-3
-
-
-class Deadline:
-    """Seconds left before a wall-clock end, and whether a part predicted to take some seconds fits in them."""
-
-    def __init__(self, seconds, clock=time.monotonic):
-        self.clock, self.end = clock, clock() + seconds
-
-    def left(self):
-        return self.end - self.clock()
-
-    def fits(self, predicted_s):
-        return predicted_s <= self.left()
 
 
 @dataclass

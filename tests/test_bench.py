@@ -7,7 +7,7 @@ import torch
 from conftest import words_corpus
 
 import scripts.bench as bench
-from attnlab.runtime import hardware_name
+from attnlab.runtime import Deadline, hardware_name
 
 
 def test_quick_bench_prints_every_default_section(capsys):
@@ -120,7 +120,7 @@ def test_the_gpu_check_needs_cuda_unless_smoke(capsys):
 
 def test_a_deadline_fits_what_the_seconds_left_allow():
     now = [100.0]
-    deadline = bench.Deadline(60, clock=lambda: now[0])
+    deadline = Deadline(60, clock=lambda: now[0])
     assert deadline.fits(60) and not deadline.fits(61)
     now[0] = 150.0
     assert deadline.left() == 10 and not deadline.fits(11)

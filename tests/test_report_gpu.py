@@ -9,7 +9,7 @@ import pytest
 from conftest import compose, words_corpus
 
 from attnlab.record import read_metrics
-from attnlab.runtime import native_bf16
+from attnlab.runtime import Deadline, native_bf16
 from scripts.report import gpu
 from train import train
 
@@ -122,7 +122,7 @@ def test_no_time_left_skips_every_part_and_says_so(smoke, tmp_path):
 
 def test_deadline_predicts_from_the_last_length_and_keeps_the_reserve():
     now = [0.0]
-    deadline = gpu.Deadline(100, clock=lambda: now[0])
+    deadline = Deadline(100, clock=lambda: now[0])
     assert gpu.predict_seconds({}, 256) == 0
     assert gpu.predict_seconds({256: 4.0, 512: 10.0}, 1024) == 20.0  # linear in T from the last one measured
     assert deadline.fits(20, reserve_s=80) and not deadline.fits(20, reserve_s=81)

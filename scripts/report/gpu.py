@@ -37,7 +37,7 @@ from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, compose
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
-from attnlab.runtime import alternate, autocast, autocast_dtype, configure, hardware_name
+from attnlab.runtime import Deadline, alternate, autocast, autocast_dtype, configure, hardware_name
 from data.corpus import load_meta, prepare
 from scripts.report.cost import length_axis
 from scripts.report.tasks import rnn_width
@@ -69,19 +69,6 @@ SIZES = {
                   lm_block=32, lm_batch=4, lm_seconds=2, lm_log_interval=5, lm_eval_iters=2, lm_warmup=2,
                   lm_overhead_s=10),
 }
-
-
-class Deadline:
-    """Seconds left before a wall-clock end, and whether predicted work fits in them beside a reserve."""
-
-    def __init__(self, seconds, clock=time.monotonic):
-        self.clock, self.end = clock, clock() + seconds
-
-    def left(self):
-        return self.end - self.clock()
-
-    def fits(self, predicted_s, reserve_s=0.0):
-        return self.left() > 0 and predicted_s + reserve_s <= self.left()
 
 
 def model_pair(sizes, vocab, block_size):
