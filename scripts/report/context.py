@@ -538,12 +538,12 @@ def context_figure(ctx, budget, result, ks, rises, repeats):
     a.axhline(0, color="gray", lw=0.8)
     a.axhline(MATERIAL, color="gray", ls="--", lw=0.8, label=f"{MATERIAL} nats")
     a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the full window (nats)",
-          title="equal-time lm models: context beyond k replaced (dotted: effective)")
+          title="equal-time lm models: context beyond k replaced\n(dotted: effective context)")
     b.axhline(math.log(result.vocab // 2), color="gray", ls=":", lw=1, label="a uniform guess over the alphabet")
     b.set_xscale("log", base=2)
     b.set_xticks(budget["distances"], [str(D) for D in budget["distances"]])
     b.set(xlabel="distance D between the span and its repeat", ylabel="test loss on the span (nats/token)",
-          title="repeat corpus, each model's own tuned recipe (bars: 2 s.e.)")
+          title="repeat corpus, each model's own tuned recipe\n(bars: 2 s.e.)")
     for ax in (a, b):
         ax.legend(fontsize=7)
     trained = ", ".join(f"{n} {repeats[n]['tuned'].recipe}" for n in lm.NAMES)
