@@ -118,14 +118,23 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
     assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "mqar", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
-    trained = []  # without lm in the run, a pooled part that reads its runs has them trained once, before the pool
-    monkeypatch.setattr(report_cli, "lm_results", lambda ctx: trained.append(list(ran)))
+    # a part that reads the lm runs where they are not there brings the lm experiment in, first and alone, so that
+    # its rows, grid and verdict are written with the runs (and its time is counted as lm's)
+    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: None)
+    for jobs in (1, 2):
+        ran.clear()
+        seconds, _ = report_cli.run_parts(ctx, ["context", "scaling"], jobs=jobs)
+        assert [n for n, _ in ran] == (["lm", "scaling", "context"] if jobs == 2 else ["scaling", "lm", "context"])
+        assert set(seconds) == {"lm", "scaling", "context"}
+    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: "the runs")  # there already: lm is not run again
     ran.clear()
-    report_cli.run_parts(ctx, ["context", "scaling"], jobs=2)
-    assert trained == [[]] and [n for n, _ in ran] == ["scaling", "context"]
-    monkeypatch.setattr(report_cli, "PARTS", {"text": Part(part("text"), reads_lm=True)})
+    assert set(report_cli.run_parts(ctx, ["context"], jobs=2)[0]) == {"context"} and [n for n, _ in ran] == ["context"]
+    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: None)
+    monkeypatch.setattr(report_cli, "PARTS", {"lm": Part(part("lm"), timed=True),
+                                              "text": Part(part("text"), reads_lm=True)})
+    ran.clear()
     report_cli.run_parts(Context("quick", torch.device("cpu"), tmp_path, text_run="out"), ["text"], jobs=2)
-    assert len(trained) == 1 and ran[-1][0] == "text"  # text reading another run needs no lm runs
+    assert [n for n, _ in ran] == ["text"]  # text reading another run needs no lm runs
 
 
 def test_jobs_in_spawned_workers_write_the_part_and_its_thread_count(tmp_path):

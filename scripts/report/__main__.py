@@ -30,7 +30,7 @@ from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context, exp_lm
 from scripts.report.cost import exp_generation, exp_long
-from scripts.report.lm import lm_results
+from scripts.report.lm import lm_runs
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.parallel import exp_parallel
 from scripts.report.retrieval import exp_induction, exp_mqar
@@ -98,7 +98,7 @@ def write_report(ctx, ran, seconds, hardware=None):
     """Merge this run's rows into results.csv (keeping other experiments' rows), then rewrite results.md, which opens
     with the verdict on the three reasons. hardware: each part's, where it differs from ctx.hardware (--jobs)."""
     csv_path, runs_path = ctx.out / "results.csv", ctx.out / "runs.json"
-    replaced = set(ran) | {r["experiment"] for r in ctx.rows}  # paths may have run lm for its models
+    replaced = set(ran)
     rows = merge_csv(csv_path, RESULT_FIELDS, ctx.rows, replaced)
     merge_csv(ctx.out / "grid.csv", GRID_FIELDS, ctx.grid, replaced)
     verdicts = merge_csv(ctx.out / "verdicts.csv", VERDICT_FIELDS, ctx.verdicts, replaced)
@@ -128,13 +128,20 @@ def write_report(ctx, ran, seconds, hardware=None):
 def run_parts(ctx, names, jobs):
     """Every experiment of names, in PARTS order, or with jobs > 1: the lm experiment alone, then the untimed parts
     jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its share of the threads,
-    then the other timed parts alone. Returns each part's seconds and, for the pooled ones, their hardware."""
+    then the other timed parts alone. A part that reads the lm runs where they are not there brings the lm experiment
+    in, so its rows, grid and verdict are written with the runs. Returns each part's seconds (every part run) and,
+    for the pooled ones, their hardware."""
     seconds, hardware = {}, {}
     def alone(name):
         t0 = time.time()
         PARTS[name].run(ctx)
         seconds[name] = time.time() - t0
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
+    # text may read another run's GPT
+    readers = [n for n in names if PARTS[n].reads_lm and not (n == "text" and ctx.text_run)]
+    if readers and "lm" not in names and lm_runs(ctx) is None:
+        tqdm.write(f"{', '.join(readers)} read the lm runs, not there for the {ctx.preset} preset yet: lm runs first")
+        names = [*names, "lm"]
     names = sorted(names, key=list(PARTS).index)
     if jobs == 1:
         for name in (bar := tqdm(names, desc="report", unit="experiment")):
@@ -142,12 +149,8 @@ def run_parts(ctx, names, jobs):
             alone(name)
         return seconds, hardware
     pooled = [n for n in names if not PARTS[n].timed]
-    # text may read another run's GPT
-    reads_lm = {n for n in pooled if PARTS[n].reads_lm} - ({"text"} if ctx.text_run else set())
     if "lm" in names:
-        alone("lm")
-    elif reads_lm:
-        lm_results(ctx)  # once, here, rather than in two workers at once
+        alone("lm")  # first, so no two workers train its runs at once
     threads = max(1, torch.get_num_threads() // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run_part, ctx, PARTS[n].run, threads): n for n in pooled}
@@ -198,7 +201,7 @@ def main():
     print(f"report ({preset}) on {ctx.hardware}: {', '.join(names)}")
     start = time.time()
     seconds, hardware = run_parts(ctx, names, args.jobs)
-    write_report(ctx, names, seconds, hardware)
+    write_report(ctx, list(seconds), seconds, hardware)
     print(f"total {time.time() - start:.0f} s; results in {ctx.out}/results.md")
 
 

@@ -421,11 +421,19 @@ def load_lm():
     return LMResult.load() if RESULT.exists() else None
 
 
-def lm_results(ctx):
-    """The LMResult for ctx's preset and corpus, training it first (train_lm) where its runs are not there."""
+def lm_runs(ctx):
+    """The LMResult for ctx's preset and corpus where all its runs are there; None where they are not."""
     result = load_lm()
     if result is None or (result.preset, result.corpus) != (ctx.preset, corpus_name(ctx)) or not all(
             Path(r.out, "ckpt.pt").exists() for name in NAMES for r in [*result.runs(name), *result.timed[name]]):
+        return None
+    return result
+
+
+def lm_results(ctx):
+    """The LMResult for ctx's preset and corpus, training it first (train_lm) where its runs are not there."""
+    result = lm_runs(ctx)
+    if result is None:
         print(f"no lm runs for the {ctx.preset} preset on {corpus_name(ctx)} yet; training them first")
         result = train_lm(ctx)
     return result
