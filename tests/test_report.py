@@ -71,10 +71,11 @@ def test_the_report_opens_with_one_verdict_row_per_reason_merged_across_partial_
     ctx.verdict("lm", "a", "x", "not shown here (needs a GPU)")  # a reason in brackets is allowed
 
 
-def test_the_schedule_times_alone_what_measures_time_and_runs_the_lm_runs_readers_after_lm():
+def test_the_schedule_times_alone_what_measures_time_and_runs_each_reader_after_what_it_reads():
     parts = report_cli.PARTS
     assert {n for n, p in parts.items() if p.timed} == {"lm", "parallel", "long", "generation"}
-    assert all(list(parts).index(n) > list(parts).index("lm") for n, p in parts.items() if p.reads_lm)
+    assert {n: p.reads for n, p in parts.items() if p.reads} == dict(context="sizes", text="lm", paths="lm")
+    assert all(list(parts).index(n) > list(parts).index(p.reads) for n, p in parts.items() if p.reads)
 
 
 class InProcessPool:
@@ -96,16 +97,18 @@ class InProcessPool:
         return future
 
 
-def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_timed_ones(tmp_path, monkeypatch):
+def test_jobs_run_what_others_read_alone_first_then_the_untimed_parts_in_workers_then_the_timed_ones(tmp_path,
+                                                                                                     monkeypatch):
     ran = []
     def part(name):
         def run(ctx):
             ran.append((name, torch.get_num_threads()))
             ctx.row(name, "m", "1", "2")
         return run
-    names = ("scaling", "mqar", "lm", "sizes", "context", "parallel")
-    monkeypatch.setattr(report_cli, "PARTS", {n: Part(part(n), timed=n in ("lm", "parallel"),
-                                                      reads_lm=n in ("sizes", "context")) for n in names})
+    names = ("scaling", "mqar", "lm", "sizes", "context", "text", "parallel")
+    reads = dict(context="sizes", text="lm")
+    monkeypatch.setattr(report_cli, "PARTS", {n: Part(part(n), timed=n in ("lm", "parallel"), reads=reads.get(n))
+                                              for n in names})
     monkeypatch.setattr(report_cli, "ProcessPoolExecutor", InProcessPool)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -114,24 +117,25 @@ def test_jobs_run_lm_alone_first_then_the_untimed_parts_in_workers_then_the_time
         seconds, hardware = report_cli.run_parts(ctx, list(names), jobs=2)
     finally:
         torch.set_num_threads(threads)
-    assert ran == [("lm", 2), ("scaling", 1), ("mqar", 1), ("sizes", 1), ("context", 1), ("parallel", 2)]
-    assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "mqar", "scaling"}
+    assert ran == [("lm", 2), ("sizes", 2), ("scaling", 1), ("mqar", 1), ("context", 1), ("text", 1), ("parallel", 2)]
+    assert set(seconds) == set(names) and set(hardware) == {"context", "text", "mqar", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
-    # a part that reads the lm runs where they are not there brings the lm experiment in, first and alone, so that
-    # its rows, grid and verdict are written with the runs (and its time is counted as lm's)
+    # a part that reads runs where they are not there brings their experiment in, first and alone, so that its
+    # rows, grid and verdict are written with the runs (and its time is counted as its own)
     monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: None)
+    monkeypatch.setattr(report_cli, "sizes_results", lambda ctx: None)
     for jobs in (1, 2):
         ran.clear()
-        seconds, _ = report_cli.run_parts(ctx, ["context", "scaling"], jobs=jobs)
-        assert [n for n, _ in ran] == (["lm", "scaling", "context"] if jobs == 2 else ["scaling", "lm", "context"])
-        assert set(seconds) == {"lm", "scaling", "context"}
-    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: "the runs")  # there already: lm is not run again
+        seconds, _ = report_cli.run_parts(ctx, ["context", "text", "scaling"], jobs=jobs)
+        assert [n for n, _ in ran] == (["lm", "sizes", "scaling", "context", "text"] if jobs == 2 else
+                                       ["scaling", "lm", "sizes", "context", "text"])
+        assert set(seconds) == {"lm", "sizes", "scaling", "context", "text"}
+    monkeypatch.setattr(report_cli, "sizes_results", lambda ctx: "the runs")  # there already: not run again
     ran.clear()
     assert set(report_cli.run_parts(ctx, ["context"], jobs=2)[0]) == {"context"} and [n for n, _ in ran] == ["context"]
-    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: None)
     monkeypatch.setattr(report_cli, "PARTS", {"lm": Part(part("lm"), timed=True),
-                                              "text": Part(part("text"), reads_lm=True)})
+                                              "text": Part(part("text"), reads="lm")})
     ran.clear()
     report_cli.run_parts(Context("quick", torch.device("cpu"), tmp_path, text_run="out"), ["text"], jobs=2)
     assert [n for n, _ in ran] == ["text"]  # text reading another run needs no lm runs

@@ -5,16 +5,21 @@ context) both ways on synthetic numbers."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import compose, words_corpus
 
+from attnlab.checkpoint import build_model
+from attnlab.config import ModelConfig
 from attnlab.record import RunLog
-from scripts.report import Context, context, lm
-from scripts.report.protocol import Recipe, Tuned
+from scripts.report import Context, context, lm, sizes
 from train import train
 
 LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
                adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.05], lstm=[0.07]), grid_seeds=1, seeds=2,
                evals=2, eval_iters=1, select_windows=4, test_windows=8, windows=[8])
+SIZES_TINY = dict(gpt=[(1, 2, 16), (1, 2, 24)], block_size=16, batch_size=4, muon_lrs=dict(gpt=[0.05], lstm=[0.07]),
+                  adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), widen=0, seeds=3, evals=2, eval_iters=1, select_windows=4,
+                  test_windows=8, train_windows=4)
 TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps=10,
             adamw_lrs=dict(gpt=[2e-3], lstm=[4e-3]), muon_lrs=dict(gpt=[0.03], lstm=[0.09]), sequences=8)
 
@@ -22,7 +27,9 @@ TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps
 def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(lm.BUDGET, "quick", LM_TINY)
+    monkeypatch.setitem(sizes.BUDGET, "quick", SIZES_TINY)
     monkeypatch.setitem(context.BUDGET, "quick", TINY)
+    monkeypatch.setattr(sizes, "TOKENS_PER_PARAM", 0.05)
     monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     made, make = [], context.make_optimizer
@@ -30,7 +37,8 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
     context.exp_lm(ctx)
-    context.exp_context(ctx)  # reads the lm runs back
+    sizes.train_sizes(ctx)
+    context.exp_context(ctx)  # reads the sizes runs back
     assert {p.name for p in ctx.out.glob("*.png")} == {"lm.png", "context.png"}
     result = lm.load_lm()
 
@@ -40,18 +48,22 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
         assert all(0 < float(rows[measure][side].split(" [")[0]) < np.log(vocab) for side in ("gpt", "lstm"))
     best = [r for r in ctx.rows if r["measure"].startswith("test loss at equal tokens") and "best recipe" in
             r["measure"]][0]
+    assert "decides nothing" in best["measure"] and "tokens per parameter" in best["measure"]
     assert "gpt chose" in best["note"] and "muon_lr 0.05 of [0.05]" in best["note"]
     assert any("AdamW for both" in r["measure"] for r in ctx.rows)  # the labelled extra row
     assert f"train.time_budget_s={result.budget_s:g}" in rows["test loss at equal wall time"]["note"]
+    assert "not evidence for (b)" in rows["test loss at equal wall time"]["measure"]
     verdicts = {v["experiment"]: v for v in ctx.verdicts}
-    assert verdicts["lm"]["rule"] == context.LM_RULE and verdicts["context"]["rule"] == context.CONTEXT_RULE
+    assert "lm" not in verdicts and verdicts["context"]["rule"] == context.CONTEXT_RULE  # lm decides nothing
 
     rows = {r["measure"].split(",")[0].split(" (")[0]: r for r in ctx.rows if r["experiment"] == "context"}
     rise = rows["loss rise at the last position"]
     assert rise["measure"].endswith("k = 1 / 2 / 4 / 8") and len(rise["gpt"].split(" / ")) == 4
-    assert f"{result.budget_s:g} s of training" in rise["note"]  # the equal-time models, one budget for both tables
-    effective = rows["effective context"]
-    assert all(effective[side] in ("<= 1 (the smallest k tried)", "2", "4", "8", "16") for side in ("gpt", "lstm"))
+    assert "largest data-rich pair" in rise["note"] and "1x24" in rise["note"]
+    effective = rows["effective context per seed"]
+    assert all(len(effective[side].split(", ")) == 3 for side in ("gpt", "lstm"))  # one per seed of the sizes runs
+    assert all(k in ("1", "2", "4", "8", "16") for side in ("gpt", "lstm") for k in effective[side].split(", "))
+    assert rows["test loss at positions 1-8 / 9-16"]["gpt"].count("[") == 2
     repeat = rows["loss on a repeated span of 4 random tokens at D = 4 / 8"]
     assert all(0 < float(v) for side in ("gpt", "lstm") for v in repeat[side].split(" / "))
     assert verdicts["context"]["status"] in rows["gap at D = 8"]["note"]
@@ -64,14 +76,18 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     assert "(c)" in verdicts["context"]["evidence"] or "copies at D = " in verdicts["context"]["evidence"]
 
 
-def test_truncate_replaces_all_but_the_last_k():
-    x = torch.arange(10, 20).repeat(3, 1)  # (3, 10), tokens 10..19
-    unigram = torch.zeros(20)
-    unigram[:3] = 1 / 3  # draws are 0, 1 or 2: never one of x's tokens
-    out = context.truncate(x, 4, unigram, torch.Generator().manual_seed(0))
-    assert torch.equal(out[:, -4:], x[:, -4:]) and (out[:, :6] < 3).all()
-    assert torch.equal(context.truncate(x, 10, unigram, torch.Generator()), x)  # k = T keeps everything
-    assert context.ks_for(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256] and context.ks_for(16) == [1, 2, 4, 8, 16]
+def test_cutting_the_window_keeps_only_the_last_k_tokens():
+    """The loss with the last k tokens kept is the model's loss on that suffix alone: nothing is put in the cut
+    part's place."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(vocab_size=12, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
+    tokens = np.random.default_rng(0).integers(0, 12, 400)
+    losses = context.last_position_losses(model, tokens, 16, [2, 16], windows=5)
+    starts = np.linspace(0, len(tokens) - 17, 5).astype(int)
+    for i, s in enumerate(starts):
+        x = torch.from_numpy(tokens[s + 14:s + 16].astype(np.int64))[None]  # the last 2 of the window
+        logits = model(x)[0][0, -1]
+        assert torch.isclose(losses[2][i], F.cross_entropy(logits, torch.tensor(int(tokens[s + 16]))), atol=1e-5)
 
 
 def test_the_span_repeats_at_distance_d():
@@ -106,12 +122,15 @@ def test_training_distances_span_the_test_distances_too_densely_to_learn_each_by
     assert len(ds) > 50  # far more distances than heads to learn them one by one
 
 
-def test_effective_context_is_where_the_rise_stays_under_a_tenth_of_a_nat():
+def test_effective_context_is_where_the_rise_stays_within_the_material_difference_and_the_noise():
     ks = [1, 2, 4, 8, 16]
-    assert context.effective_context(ks, [0.5, 0.2, 0.05, 0.01]) == 4
-    assert context.effective_context(ks, [0.5, 0.05, 0.12, 0.0]) == 8  # from k on, not only at k
-    assert context.effective_context(ks, [0.09, 0.05, 0.0, 0.0]) == 1  # a floor: the smallest k tried
-    assert context.effective_context(ks, [0.5, 0.4, 0.3, 0.2]) == 16  # still rising at T/2: the whole window
+    def rise(*means, se=0.001):
+        return [(m, se) for m in means]
+    assert context.effective_context(ks, rise(0.5, 0.2, 0.015, 0.01)) == 4
+    assert context.effective_context(ks, rise(0.5, 0.015, 0.03, 0.0)) == 8  # from k on, not only at k
+    assert context.effective_context(ks, rise(0.019, 0.015, 0.0, 0.0)) == 1  # a floor: the smallest k tried
+    assert context.effective_context(ks, rise(0.5, 0.4, 0.3, 0.2)) == 16  # still rising at T/2: the whole window
+    assert context.effective_context(ks, rise(0.5, 0.2, 0.03, 0.03, se=0.02)) == 4  # within 2 standard errors
     assert context.context_words(1, ks) == "<= 1 (the smallest k tried)" and context.context_words(4, ks) == "4"
 
 
@@ -149,31 +168,3 @@ def test_a_copy_is_a_repeat_cheaper_than_the_first_copy_and_a_uniform_guess_beyo
     assert not context.copied(dict(first=3.89, repeat=3.85, se=0.001), 3.87)  # beyond the noise, but too small to count
     assert not context.copied(dict(first=7.3, repeat=3.86, se=0.001), 3.87)  # confidently wrong on the first copy
     assert context.copied(dict(first=7.3, repeat=0.2, se=0.01), 3.87)
-
-
-def lm_result(gpt, lstm, gpt_time, lstm_time):
-    """An LMResult holding what lm_status reads: test losses per seed at equal tokens and at equal time, the recipes
-    and the n-gram baselines {n: (k, test loss)}."""
-    plan = lm.Plan("data", 16, 4, 8, 2, 1, None, None)
-    result = lm.LMResult("quick", "c", 30, 3.0, plan, {}, budget_s=10.0, ngram={2: (1.0, 2.6), 3: (0.1, 2.3)})
-    for name, tests, timed in (("gpt", gpt, gpt_time), ("lstm", lstm, lstm_time)):
-        recipe = Recipe("muon", 1e-3, 0.04)
-        runs = [lm.LMRun("o", recipe, i, 8, 1.0, [], t, t, [], False) for i, t in enumerate(tests)]
-        result.tuned[name] = Tuned(recipe, [], False, {r.seed: r for r in runs})
-        result.timed[name] = [lm.LMRun("o", recipe, i, 8, 1.0, [], t, t, [], False) for i, t in enumerate(timed)]
-    return result
-
-
-def test_the_lm_verdict_follows_the_numbers_both_ways():
-    gpt_wins = context.lm_status(lm_result([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [1.9, 2.0, 1.95], [2.4, 2.5, 2.45]))
-    assert gpt_wins[1] == "shown here" and "gpt lower, the seed ranges apart" in gpt_wins[0]
-    assert "seeds 0-2" in gpt_wins[0] and "recipes gpt muon muon_lr 0.04" in gpt_wins[0]
-    assert "trigram baseline scores 2.300, beaten on the mean at equal tokens by gpt, equal wall time (10 s) by gpt" \
-        in gpt_wins[0]
-    lstm_wins = context.lm_status(lm_result([2.5, 2.6, 2.55], [2.0, 2.1, 2.05], [2.4, 2.5, 2.45], [1.9, 2.0, 1.95]))
-    assert lstm_wins[1] == "contradicted here" and "lstm lower, the seed ranges apart" in lstm_wins[0]
-    # ranges that overlap at equal tokens: not shown, however it goes at equal time
-    within = context.lm_status(lm_result([2.0, 2.4, 2.2], [2.3, 2.35, 2.4], [1.9, 2.0, 1.95], [2.4, 2.5, 2.45]))
-    assert within[1] == "not shown here" and "the seed ranges overlap" in within[0]
-    mixed = context.lm_status(lm_result([2.0, 2.1, 2.05], [2.5, 2.6, 2.55], [2.4, 2.5, 2.45], [1.9, 2.0, 1.95]))
-    assert mixed[1] == "not shown here"

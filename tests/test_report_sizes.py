@@ -1,88 +1,92 @@
-"""scripts/report/sizes.py: the size ladder end to end on tiny models (train.py's train in-process; the smallest size
-is the lm experiment's), the recipe carried to larger sizes, the FLOPs count against a hand computation and the
-verdict's rule (context.sizes_status) on synthetic numbers, its regime check first."""
+"""scripts/report/sizes.py: the data-rich ladder end to end on tiny models (train.py's train in-process): every run
+at the stated tokens per parameter, each size tuned on its own grids, the results saved for the context experiment;
+the verdict's rule (sizes_status) both ways on synthetic numbers."""
+import json
 import math
 
 import pytest
 import torch
 from conftest import WORDS, compose, words_corpus
 
-from attnlab.checkpoint import build_model
-from attnlab.config import ModelConfig
 from attnlab.record import RunLog
-from scripts.report import Context, context, lm, sizes
-from scripts.report.protocol import Recipe
+from scripts.report import Context, lm, sizes
+from scripts.report.protocol import Recipe, Tuned
 from train import train
 
-LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
-               adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.05], lstm=[0.07]), grid_seeds=1, seeds=2,
-               evals=2, eval_iters=1, select_windows=4, test_windows=8, windows=[8])
-TINY = dict(gpt=[(1, 2, 32)], seeds=1)
+TINY = dict(gpt=[(1, 2, 8), (1, 2, 16), (1, 2, 24)], block_size=16, batch_size=4,
+            muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.1]), adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[3e-3, 1e-2]),
+            widen=1, seeds=3, evals=2, eval_iters=1, select_windows=4, test_windows=8, train_windows=4)
 
 
-def test_sizes_end_to_end(tmp_path, monkeypatch):
+@pytest.fixture
+def tiny_sizes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(lm.BUDGET, "quick", LM_TINY)
     monkeypatch.setitem(sizes.BUDGET, "quick", TINY)
+    monkeypatch.setattr(sizes, "TOKENS_PER_PARAM", 0.05)  # tiny runs: the rule's regime is its argument here
     monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
-    sizes.exp_sizes(ctx)  # finds no lm runs and trains them first
+    return ctx
+
+
+@pytest.mark.slow
+def test_sizes_end_to_end(tiny_sizes):
+    ctx = tiny_sizes
+    sizes.exp_sizes(ctx)
     assert (ctx.out / "sizes.png").exists()
-    result = lm.load_lm()
+    results = sizes.sizes_results(ctx)  # saved and read back, every run's checkpoint there
+    assert [r.models["gpt"].desc.split()[0] for r in results] == ["1x8", "1x16", "1x24"]
+    for r in results:
+        params = max(m.params for m in r.models.values())
+        assert r.plan.tokens >= sizes.TOKENS_PER_PARAM * params > r.plan.tokens - r.plan.batch_size * r.plan.block_size
+        for name in lm.NAMES:
+            tuned = r.tuned[name]
+            assert sorted(tuned.runs) == [0, 1, 2] and tuned.recipe.optimizer == "muon"
+            assert tuned.recipe.muon_lr == tuned.others[0].recipe.muon_lr  # the lr grid ran at the chosen muon_lr
+            assert {rec.lr for rec, _ in tuned.tried} >= set(TINY["adamw_lrs"][name])
     rows = {r["measure"]: r for r in ctx.rows if r["experiment"] == "sizes"}
-    by_size = rows["test loss by size, final weights"]
     vocab = len(set("".join(WORDS)) | {" "})
     for side in ("gpt", "lstm"):
-        losses = [float(v.split(" [")[0]) for v in by_size[side].split(" / ")]
-        assert len(losses) == 2 and all(0 < v < math.log(vocab) for v in losses)  # better than uniform over chars
-    assert "muP" in by_size["note"] and "bigram" in by_size["note"]
-    points = [p for p in ctx.grid if p["experiment"] == "sizes"]
-    assert {(p["model"], p["seed"]) for p in points} == {("gpt", 0), ("lstm", 0)}  # the larger size only, seed 0
-    ladder = sizes.size_ladder(ctx, TINY, result)
-    for name in lm.NAMES:  # the lm experiment's recipe, its AdamW part's lr x the smaller width / the larger
-        small, large = (size["width"] for size in ladder[name])
-        [lr] = {p["lr"] for p in points if p["model"] == name}
-        assert large > small and lr == sizes.scaled_recipe(result.tuned[name].recipe, small, large).grid_lr
+        losses = [float(v.split(" [")[0]) for v in rows["test loss by size, final weights"][side].split(" / ")]
+        assert len(losses) == 3 and all(0 < v < math.log(vocab) for v in losses)
     [verdict] = [v for v in ctx.verdicts if v["experiment"] == "sizes"]
-    assert verdict["rule"] == context.SIZES_RULE and verdict["status"].startswith("not shown here (not reached")
+    assert verdict["rule"] == sizes.SIZES_RULE
     assert verdict["status"] in rows["gap, LSTM - GPT test loss, by size"]["note"]
+    # every run a recipe trained once: seeds 1-2 only at the chosen recipe, grid points on seed 0
+    points = [(p["model"], p["setting"], p["lr"], p["seed"]) for p in ctx.grid if p["metric"] == "test loss"]
+    assert len(points) == len(set(points))
+    assert len(json.loads(sizes.RESULT.read_text())) == 3
 
 
-def test_a_larger_size_takes_the_recipe_with_its_adamw_lr_scaled_as_mup_predicts():
-    assert sizes.scaled_recipe(Recipe("muon", 4e-3, 0.04), 64, 128) == Recipe("muon", 2e-3, 0.04)
-    assert sizes.scaled_recipe(Recipe("adamw", 1e-2), 75, 150) == Recipe("adamw", 5e-3)
+def result(gpt, lstm, tokens=100, params=5):
+    """An LMResult of one size holding what sizes_status reads: the test losses per seed and the budget."""
+    plan = lm.Plan("", 4, 1, tokens // 4, 1, 1, None, None)
+    models = {n: lm.LMModel(n, [], n, 1, params) for n in lm.NAMES}
+    out = lm.LMResult("quick", "c", 10, 2.0, plan, models)
+    for name, losses in (("gpt", gpt), ("lstm", lstm)):
+        runs = {s: lm.LMRun("", Recipe("muon", 1e-3, 0.05), s, 1, 1.0, [], v, v, [], False) for s, v in
+                enumerate(losses)}
+        out.tuned[name] = Tuned(Recipe("muon", 1e-3, 0.05), [], False, runs)
+    return out
 
 
-def test_train_flops_by_hand():
-    gpt = build_model(ModelConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, n_embd=16))
-    # ln_1 16 + c_attn 768 + c_proj 256 + q/k norms 8 + 8 + ln_2 16 + c_fc 1024 + c_proj 1024 + ln_f 16 = 3136,
-    # plus the tied head 20 x 16 = 320; attention 6 x 1 layer x 8 positions x 16 wide
-    assert sizes.train_flops(gpt, 10) == 10 * (6 * (3136 + 320) + 6 * 1 * 8 * 16)
-    lstm = build_model(ModelConfig(type="lstm", vocab_size=20, block_size=8, n_layer=1, n_embd=8, tie_weights=False))
-    # W_ih 4 x 8 x 8 + W_hh 256 + two biases of 32 + the untied head 20 x 8 (the embedding's lookup costs none)
-    assert sizes.train_flops(lstm, 10) == 10 * 6 * (256 + 256 + 32 + 32 + 160)
-
-
-GROWS = [[0.1, 0.12, 0.11], [0.2, 0.22, 0.21], [0.4, 0.42, 0.41]]  # LSTM - GPT per seed, by size: apart, growing
-
-
-@pytest.mark.parametrize("tokens_per_param, seeds, gaps, status", [
-    ([40, 25, 20], [3, 3, 3], GROWS, "shown here"),
-    ([40, 25, 20], [3, 3, 3], GROWS[::-1], "contradicted here"),
-    ([40, 25, 20], [3, 3, 3], [[0.1, 0.3, 0.2], [0.2, 0.22, 0.21], [0.25, 0.15, 0.2]], "not shown here"),
-    # below the regime, however the gap moves
-    ([2.6, 0.6], [3, 1], GROWS[:2], "not shown here (not reached at this scale: 0.6-2.6 tokens per parameter)"),
-    ([40, 25, 20], [3, 3, 1], GROWS, "not shown here (not reached at this scale: 20-40 tokens per parameter)"),
-    ([40, 25, 19], [3, 3, 3], GROWS, "not shown here (not reached at this scale: 19-40 tokens per parameter)"),
+@pytest.mark.parametrize("gaps, status", [
+    ([0.01, 0.03, 0.10], "shown here"),  # the GPT ahead at the largest size, the gap growing
+    ([0.10, 0.10, 0.10], "not shown here"),  # ahead but not growing
+    ([-0.05, -0.08, -0.10], "contradicted here"),  # the LSTM ahead at the largest, pulling away
+    ([-0.10, -0.10, -0.10], "contradicted here"),  # ahead, the gap not growing toward the GPT
+    ([-0.20, -0.10, -0.05], "not shown here"),  # the LSTM ahead, but losing ground as the models grow
+    ([-0.20, -0.10, -0.01], "not shown here"),  # under the material difference at the largest size
 ])
-def test_the_sizes_verdict_decides_only_in_the_data_rich_regime(tokens_per_param, seeds, gaps, status):
-    assert context.sizes_status(tokens_per_param, seeds, gaps) == status
+def test_the_sizes_verdict_follows_the_numbers_both_ways(gaps, status):
+    seeds = [0.0, 0.002, -0.002]
+    results = [result([1.5 + s for s in seeds], [1.5 + g + s for s in seeds]) for g in gaps]
+    assert sizes.sizes_status(results) == status
 
 
-@pytest.mark.parametrize("preset", sorted(sizes.BUDGET))
-def test_every_presets_ladder_composes_into_valid_models(preset):
-    for n_layer, n_head, n_embd in sizes.BUDGET[preset]["gpt"]:  # compose raises on a width n_head does not divide
-        assert compose(f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}").model.n_embd
-    assert compose(*lm.BUDGET[preset]["gpt"]).model.n_layer >= 1
+def test_the_sizes_verdict_needs_three_sizes_at_the_data_rich_ratio():
+    rich = [result([1.5, 1.51, 1.49], [1.7, 1.71, 1.69]) for _ in range(3)]
+    assert sizes.sizes_status(rich[:2]).startswith("not shown here (fewer than 3 sizes")
+    starved = [result([1.5, 1.51, 1.49], [1.7, 1.71, 1.69], tokens=40, params=5) for _ in range(3)]
+    assert sizes.sizes_status(starved).startswith("not shown here (fewer than 3 sizes")

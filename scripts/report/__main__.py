@@ -34,17 +34,17 @@ from scripts.report.lm import lm_runs
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.parallel import exp_parallel
 from scripts.report.retrieval import exp_induction, exp_mqar
-from scripts.report.sizes import exp_sizes
+from scripts.report.sizes import exp_sizes, sizes_results
 from scripts.report.text import exp_text
 
 
 @dataclass(frozen=True)
 class Part:
     """One experiment of the schedule: its function, whether its numbers are wall times (then it runs alone, even
-    with --jobs), and whether it reads the lm experiment's runs (which are then trained first)."""
+    with --jobs), and which experiment's runs it reads, lm or sizes (which are then trained first)."""
     run: Callable
     timed: bool = False
-    reads_lm: bool = False
+    reads: str | None = None
 
 
 # the schedule, in the tables' order; with --jobs the untimed parts go to the pool in this order
@@ -53,10 +53,10 @@ PARTS = dict(
     induction=Part(exp_induction),
     mqar=Part(exp_mqar),
     lm=Part(exp_lm, timed=True),
-    sizes=Part(exp_sizes, reads_lm=True),
-    context=Part(exp_context, reads_lm=True),
-    text=Part(exp_text, reads_lm=True),
-    paths=Part(exp_paths, reads_lm=True),
+    sizes=Part(exp_sizes),
+    context=Part(exp_context, reads="sizes"),
+    text=Part(exp_text, reads="lm"),
+    paths=Part(exp_paths, reads="lm"),
     parallel=Part(exp_parallel, timed=True),
     long=Part(exp_long, timed=True),
     generation=Part(exp_generation, timed=True),
@@ -126,31 +126,34 @@ def write_report(ctx, ran, seconds, hardware=None):
 
 
 def run_parts(ctx, names, jobs):
-    """Every experiment of names, in PARTS order, or with jobs > 1: the lm experiment alone, then the untimed parts
-    jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its share of the threads,
-    then the other timed parts alone. A part that reads the lm runs where they are not there brings the lm experiment
-    in, so its rows, grid and verdict are written with the runs. Returns each part's seconds (every part run) and,
-    for the pooled ones, their hardware."""
+    """Every experiment of names, in PARTS order, or with jobs > 1: the experiments others read (lm, sizes) alone,
+    then the other untimed parts jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each
+    on its share of the threads, then the other timed parts alone. A part that reads the lm or sizes runs where they
+    are not there brings that experiment in, so its rows, grid and verdict are written with the runs. Returns each
+    part's seconds (every part run) and, for the pooled ones, their hardware."""
     seconds, hardware = {}, {}
     def alone(name):
         t0 = time.time()
         PARTS[name].run(ctx)
         seconds[name] = time.time() - t0
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
-    # text may read another run's GPT
-    readers = [n for n in names if PARTS[n].reads_lm and not (n == "text" and ctx.text_run)]
-    if readers and "lm" not in names and lm_runs(ctx) is None:
-        tqdm.write(f"{', '.join(readers)} read the lm runs, not there for the {ctx.preset} preset yet: lm runs first")
-        names = [*names, "lm"]
+    for source, there in (("lm", lm_runs), ("sizes", sizes_results)):
+        # text may read another run's GPT
+        readers = [n for n in names if PARTS[n].reads == source and not (n == "text" and ctx.text_run)]
+        if readers and source not in names and there(ctx) is None:
+            tqdm.write(f"{', '.join(readers)} read the {source} runs, not there for the {ctx.preset} preset yet: "
+                       f"{source} runs first")
+            names = [*names, source]
     names = sorted(names, key=list(PARTS).index)
     if jobs == 1:
         for name in (bar := tqdm(names, desc="report", unit="experiment")):
             bar.set_postfix_str(name)
             alone(name)
         return seconds, hardware
-    pooled = [n for n in names if not PARTS[n].timed]
-    if "lm" in names:
-        alone("lm")  # first, so no two workers train its runs at once
+    read = [n for n in names if any(PARTS[r].reads == n for r in names)]
+    for name in read:
+        alone(name)  # first, so that no worker reads runs another is training
+    pooled = [n for n in names if not PARTS[n].timed and n not in read]
     threads = max(1, torch.get_num_threads() // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run_part, ctx, PARTS[n].run, threads): n for n in pooled}
@@ -162,7 +165,7 @@ def run_parts(ctx, names, jobs):
             seconds[name], hardware[name] = s, hw
             tqdm.write(f"{name}: {s:.0f} s ({hw.rsplit(', ', 1)[-1]}, {jobs} parts at a time)")
     for name in names:
-        if PARTS[name].timed and name != "lm":
+        if PARTS[name].timed and name not in read:
             alone(name)
     return seconds, hardware
 

@@ -1,17 +1,16 @@
-"""Reason (b), better use of long context and better loss per unit of compute as models and data grow: its rules and
-verdicts, and two of its three experiments (sizes.py is the third; lm.py trains the language models they read).
+"""Reason (b), better use of long context and better loss as models and data grow: the lm experiment (rows that decide
+nothing) and context use, with its rule (sizes.py holds the loss part's rule and runs; lm.py trains the models).
 
-    lm        the GPT against the LSTM of the same size, each at its best recipe, at equal tokens and equal wall time
-    context   how far back each model uses its context: (i) the lm experiment's equal-time models scored at the last
-              position of a window whose tokens more than k back are replaced by draws from the corpus's unigram
-              distribution (Khandelwal et al. 2018: the k past which replacing changes nothing is the context a model
-              uses); (ii) both models trained on text where a span of random tokens repeats at a distance drawn from
-              a log-spaced range (the loss on the repeat only), each with its own tuned recipe, scored on the repeat
-              at each test distance D, which only a model that reaches D tokens back can copy
-    sizes     (sizes.py) both models at a few sizes for equal tokens; decided only in the regime Kaplan et al.'s
-              figure 7 is about
+    lm        the GPT against the LSTM of the same size, each at its best recipe, at equal tokens and equal wall time,
+              far below the data-rich regime: labelled with its tokens per parameter, it decides nothing; equal wall
+              time is what a CPU user gets per second (reason (a)'s hardware question), not evidence for (b)
+    context   how far back each model uses its context: (i) the largest data-rich pair of sizes.py, each seed scored
+              at the last position of test windows cut to their last k tokens (clean text, nothing replaced), and
+              its test loss by position; (ii) both models trained on text where a span of random tokens repeats at a
+              distance drawn from a log-spaced range (the loss on the repeat only), each with its own tuned recipe,
+              scored on the repeat at each test distance D, which only a model that reaches D tokens back can copy
 
-    python -m scripts.report --only lm,context,sizes
+    python -m scripts.report --only lm,context
 """
 import math
 import shutil
@@ -29,44 +28,35 @@ from attnlab.checkpoint import build_model
 from attnlab.config import TrainConfig, compose
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step
 from data.corpus import load_split
-from scripts.report import RUNS, lm
+from scripts.report import RUNS, lm, sizes
 from scripts.report.protocol import Recipe, apart, best_recipe, mean_range
 
 # The rules, written before the runs; ctx.verdict prints each beside its evidence.
-MATERIAL = 0.1  # nats: the smallest loss difference that counts (10% in perplexity)
-KAPLAN_TOKENS_PER_PARAM = 20  # training tokens per parameter from which a size comparison is in a data-rich regime
-LM_RULE = ("each model at its best recipe (AdamW's lr grid, then Muon's muon_lr grid, chosen on the val split's 1st "
-           "half at equal tokens; the same recipe at equal wall time): shown where the GPT's test loss is lower than "
-           "the LSTM's at equal tokens and at equal wall time, the seeds' min-max ranges apart; contradicted where "
-           "the LSTM's is lower, apart, in one of them and the GPT's in neither; otherwise not shown")
-CONTEXT_RULE = (f"text: a model's effective context is the smallest k (1, 2, 4, ... T/2) from which on the loss rise "
-                f"from replacing the tokens beyond k stays under {MATERIAL} nats, per seed of its equal-time models "
-                f"(3 seeds); the GPT uses more context where its seeds' effective contexts all exceed the LSTM's. "
-                f"Repeat: a model copies at D where its loss on the repeat is below both the first copy's and a "
-                f"uniform guess by more than {MATERIAL} nats and 2 standard errors; a distance result counts only "
-                f"when both models copy at the shortest D (else copying itself is what differs: reason (c)); then "
-                f"the GPT does better where the LSTM's loss at the longest D is higher by more than {MATERIAL} nats "
-                f"and 2 standard errors and the LSTM copies at fewer D or its loss rises more from the shortest D. "
-                f"Shown where the tests that decide favour the GPT, contradicted where they favour the LSTM, "
-                f"otherwise not shown")
-SIZES_RULE = (f"decided only where Kaplan et al.'s figure 7 applies: at least 3 sizes, each with 3 seeds and at least "
-              f"{KAPLAN_TOKENS_PER_PARAM} training tokens per parameter; there, shown where the gap (LSTM - GPT test "
-              f"loss, per seed) at the largest such size exceeds the gap at the smallest, the seeds' ranges apart, "
-              f"contradicted where it is smaller, apart; below that regime: not shown here (not reached at this "
-              f"scale)")
+MATERIAL = 0.1  # nats: the smallest loss difference that counts on the repeat, where a copy moves nats
+CONTEXT_RULE = (f"text: on the largest data-rich pair (sizes), a model's effective context is the smallest k (1, 2, "
+                f"4, ... T/2) from which on the loss at the last position with only the last k tokens kept stays "
+                f"within max({sizes.LOSS_MATERIAL} nats, 2 standard errors over the windows) of the loss with the "
+                f"whole window, per seed (3 seeds); the GPT uses more context where its seeds' effective contexts all "
+                f"exceed the LSTM's (its loss keeps falling past where the LSTM's flattens). Repeat: a model copies "
+                f"at D where its loss on the repeat is below both the first copy's and a uniform guess by more than "
+                f"{MATERIAL} nats and 2 standard errors; a distance result counts only when both models copy at the "
+                f"shortest D (else copying itself is what differs: reason (c)); then the GPT does better where the "
+                f"LSTM's loss at the longest D is higher by more than {MATERIAL} nats and 2 standard errors and the "
+                f"LSTM copies at fewer D or its loss rises more from the shortest D. Shown where the tests that decide "
+                f"favour the GPT, contradicted where they favour the LSTM, otherwise not shown")
 
-# windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) scored at their
-# last position for every k; distances, span, context: the repeat corpus's test D values (training draws D from
-# training_distances, spanning them), span length and window (room for the pair at many places even at the largest
-# D); span <= the smallest D, so the copies never overlap; batch_size, steps: the repeat runs' sequences a step and
-# steps, the same for both models; adamw_lrs, muon_lrs: each model's grids for the repeat (best_recipe, seed SEED,
-# widened once past a winning end); sequences: selection and test sequences per D (from each val half).
+# windows: test windows (evenly spaced over the val split's 2nd half, overlapping where they must) cut to their last
+# k tokens and scored at their last position; distances, span, context: the repeat corpus's test D values (training
+# draws D from training_distances, spanning them), span length and window (room for the pair at many places even at
+# the largest D); span <= the smallest D, so the copies never overlap; batch_size, steps: the repeat runs' sequences
+# a step and steps, the same for both models; adamw_lrs, muon_lrs: each model's grids for the repeat (best_recipe,
+# seed SEED, widened once past a winning end); sequences: selection and test sequences per D (from each val half).
 # Runs: 2 x 2 grid points per model, trained in this process.
 BUDGET = {
-    "quick": dict(windows=512, distances=[16, 64, 128], span=8, context=144, batch_size=8, steps=1000,
+    "quick": dict(windows=1024, distances=[16, 64, 128], span=8, context=144, batch_size=8, steps=1000,
                   adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                   muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=256),
-    "full": dict(windows=768, distances=[32, 128, 384], span=16, context=416, batch_size=8, steps=1500,
+    "full": dict(windows=2048, distances=[32, 128, 384], span=16, context=416, batch_size=8, steps=1500,
                  adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                  muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=512),
 }
@@ -80,7 +70,6 @@ def exp_lm(ctx):
     result = lm.train_lm(ctx)
     curves = {name: torch.tensor([r.by_position for r in result.runs(name)]) for name in lm.NAMES}
     lm_rows(ctx, result, curves)
-    ctx.verdict("lm", "b", *lm_status(result), rule=LM_RULE)
     lm_figure(ctx, result, curves)
 
 
@@ -93,16 +82,21 @@ def lm_rows(ctx, result, curves):
             f"corpus {result.corpus} ({result.vocab} tokens; a unigram model, which ignores the context, scores "
             f"{result.unigram:.2f} nats on the train split); context {T} for both; {plan.batch_size} sequences a "
             f"step; fp32")
-    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), each model's best recipe, final weights",
+    per_param = plan.tokens / max(gpt.params, lstm.params)
+    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M, {per_param:.2g} tokens per parameter: "
+            f"under-trained, decides nothing), each model's best recipe, final weights",
             *(mean_range(lm.test_losses(best[n])) for n in lm.NAMES),
             f"{plan.steps} steps each; {recipes_note(result)}; {lm.seeds_note(result)}; "
             f"{improving_note(best)}; {lm.ngram_note(result.ngram)}")
-    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), AdamW for both (an extra row, not the "
-            f"verdict's)", *(mean_range(lm.test_losses(adamw[n])) for n in lm.NAMES),
+    stuck = {n: sum(r.test > result.unigram - MATERIAL for r in adamw[n]) for n in lm.NAMES}
+    ctx.row("lm", f"test loss at equal tokens ({plan.tokens / 1e6:.2f}M), AdamW for both (an extra row, decides "
+            f"nothing)", *(mean_range(lm.test_losses(adamw[n])) for n in lm.NAMES),
             "each model's AdamW grid's choice: " + "; ".join(grid_note(result.optimizer(n, "adamw"), n)
                                                              for n in lm.NAMES)
-            + f"; the optimizer confound of equal-token rows that give both models AdamW; {improving_note(adamw)}")
-    ctx.row("lm", f"test loss at equal wall time ({result.budget_s:g} s of training), each model's best recipe",
+            + f"; seeds within {MATERIAL} nats of the unigram ({result.unigram:.2f}), runs that learnt nothing: "
+            + ", ".join(f"{n} {stuck[n]} of {len(adamw[n])}" for n in lm.NAMES) + f"; {improving_note(adamw)}")
+    ctx.row("lm", f"test loss at equal wall time ({result.budget_s:g} s of training on this CPU: what a user gets per "
+            f"second, reason (a)'s hardware question, not evidence for (b)), each model's best recipe",
             *(mean_range(lm.test_losses(result.timed[n])) for n in lm.NAMES),
             f"train.time_budget_s={result.budget_s:g} for every run (the GPT's mean wall time at equal tokens), the "
             f"lr decaying over it; each model's recipe chosen at equal tokens, not tuned again at equal time: gpt "
@@ -149,29 +143,6 @@ def improving_note(runs):
     """How many of each model's runs {name: [LMRun]} were still improving at their end."""
     return (f"still improving at the end (> {lm.PLATEAU_NATS} nats over the last quarter): " + ", ".join(
         f"{n} {sum(r.improving for r in rs)} of {len(rs)} seeds" for n, rs in runs.items()))
-
-
-def lm_status(result):
-    """(evidence, status) by LM_RULE."""
-    tests = {"equal tokens": {n: lm.test_losses(result.runs(n)) for n in lm.NAMES},
-             f"equal wall time ({result.budget_s:g} s)": {n: lm.test_losses(result.timed[n]) for n in lm.NAMES}}
-    winners, parts = {}, []
-    for when, loss in tests.items():
-        winners[when] = {-1: "gpt", 1: "lstm", 0: None}[apart(loss["gpt"], loss["lstm"])]
-        outcome = f"{winners[when]} lower, the seed ranges apart" if winners[when] else "the seed ranges overlap"
-        parts.append(f"{when}: test loss gpt {mean_range(loss['gpt'])} vs lstm {mean_range(loss['lstm'])}, "
-                     f"{outcome}")
-    n, (_, floor) = min(result.ngram.items(), key=lambda item: item[1][1])
-    below = {when: [name for name in lm.NAMES if np.mean(loss[name]) < floor] for when, loss in tests.items()}
-    parts.append(f"the {'bigram' if int(n) == 2 else 'trigram'} baseline scores {floor:.3f}, beaten on the mean at "
-                 + ", ".join(f"{when} by {' and '.join(names) or 'neither'}" for when, names in below.items()))
-    evidence = (f"recipes gpt {result.tuned['gpt'].recipe}, lstm {result.tuned['lstm'].recipe}; " + "; ".join(parts)
-                + f" (min-max over seeds {lm.seeds_range(result)}; the loss part of (b), at this scale)")
-    if all(w == "gpt" for w in winners.values()):
-        return evidence, "shown here"
-    if "lstm" in winners.values() and "gpt" not in winners.values():
-        return evidence, "contradicted here"
-    return evidence, "not shown here"
 
 
 def lm_figure(ctx, result, curves):
@@ -221,9 +192,10 @@ class RepeatRun:
 
 
 def exp_context(ctx):
-    """The loss rise against k on the lm experiment's equal-time models, and the repeat corpus's loss against D."""
+    """The largest data-rich pair's loss against the tokens kept and by position, and the repeat corpus's loss
+    against D."""
     shutil.rmtree(RUNS / "context", ignore_errors=True)
-    budget, result = BUDGET[ctx.preset], lm.lm_results(ctx)
+    budget, result = BUDGET[ctx.preset], sizes.sizes_results(ctx)[-1]
     ks, rises = ks_for(result.plan.block_size), truncation_rises(ctx, budget, result)
     repeats = {name: repeat_test(ctx, budget, result, name) for name in lm.NAMES}
     evidence, status = context_rows(ctx, budget, result, ks, rises, repeats)
@@ -231,61 +203,49 @@ def exp_context(ctx):
     context_figure(ctx, budget, result, ks, rises, repeats)
 
 
-def truncate(x, k, unigram, generator):
-    """x (B, T) with every token more than k back from the last replaced by a draw from unigram (V,): the last k
-    kept."""
-    out = x.clone()
-    far = x.size(1) - k
-    if far > 0:
-        draws = torch.multinomial(unigram, x.size(0) * far, replacement=True, generator=generator)
-        out[:, :far] = draws.view(x.size(0), far)
-    return out
-
-
 def ks_for(T):
-    """k = 1, 2, 4, ... up to T/2, then T itself (nothing replaced: the reference)."""
+    """k = 1, 2, 4, ... up to T/2, then T itself (the whole window: the reference)."""
     return [2 ** i for i in range(int(math.log2(T))) if 2 ** i <= T // 2] + [T]
 
 
 @torch.no_grad()
-def last_position_losses(model, tokens, T, ks, unigram, windows, batch_size=32):
-    """The mean loss at the last position of windows of T tokens of tokens, {k: loss} with every token more than k
-    back replaced; the same windows and the same replacement draws for every model."""
+def last_position_losses(model, tokens, T, ks, windows, batch_size=32):
+    """The loss at the last position of windows of T tokens of tokens with only the last k tokens kept (the window
+    cut, nothing put in its place), {k: (windows,) losses}; the same windows for every model."""
     starts = np.linspace(0, len(tokens) - T - 1, windows).astype(int)
-    device, total = next(model.parameters()).device, {k: 0.0 for k in ks}
-    generator = torch.Generator().manual_seed(0)
+    device, losses = next(model.parameters()).device, {k: [] for k in ks}
     for i in range(0, len(starts), batch_size):
         rows = torch.from_numpy(tokens[starts[i:i + batch_size, None] + np.arange(T + 1)].astype(np.int64))
-        x, y = rows[:, :-1], rows[:, -1]  # (B, T), (B,)
+        x, y = rows[:, :-1].to(device), rows[:, -1].to(device)  # (B, T), (B,)
         for k in ks:
-            logits = model(truncate(x, k, unigram, generator).to(device), last_logits_only=True)[0][:, -1]  # (B, V)
-            total[k] += F.cross_entropy(logits, y.to(device), reduction="sum").item()
-    return {k: v / len(starts) for k, v in total.items()}
+            logits = model(x[:, T - k:], last_logits_only=True)[0][:, -1]  # (B, V)
+            losses[k].append(F.cross_entropy(logits.float(), y, reduction="none").cpu())
+    return {k: torch.cat(v) for k, v in losses.items()}
 
 
 def truncation_rises(ctx, budget, result):
-    """{name: (seeds, ks - 1) tensor of the loss rise over the full window} for the lm experiment's equal-time runs."""
-    T, data_dir = result.plan.block_size, result.plan.data_dir
-    counts = np.bincount(load_split(data_dir, "train"), minlength=result.vocab)
-    unigram = torch.from_numpy(counts / counts.sum()).float()
-    test_half, ks = lm.halves(data_dir)[1], ks_for(T)
+    """{name: (seeds, ks - 1, 2)}: for every seed of the pair's equal-token runs and every k < T, the mean loss rise
+    over the whole window from keeping the last k tokens only, and its standard error over the windows."""
+    T, ks = result.plan.block_size, ks_for(result.plan.block_size)
+    test_half = lm.halves(result.plan.data_dir)[1]
     rises = {}
     for name in lm.NAMES:
         per_run = []
-        for run in tqdm(result.timed[name], desc=f"context: truncating {name}", leave=False):
-            losses = last_position_losses(lm.final_model(run.out, device=ctx.device), test_half, T, ks, unigram,
+        for run in tqdm(result.runs(name), desc=f"context: cutting {name}'s windows", leave=False):
+            losses = last_position_losses(lm.final_model(run.out, device=ctx.device), test_half, T, ks,
                                           budget["windows"])
-            per_run.append([losses[k] - losses[T] for k in ks[:-1]])
+            diffs = [losses[k] - losses[T] for k in ks[:-1]]
+            per_run.append([(d.mean().item(), (d.std() / math.sqrt(len(d))).item()) for d in diffs])
         rises[name] = torch.tensor(per_run)
     return rises
 
 
 def effective_context(ks, rise):
-    """The smallest k from which on (every k' >= k) the rise stays under MATERIAL; T (ks[-1]) where the rise at T/2
-    still reaches it. rise: one per k of ks[:-1]."""
+    """The smallest k from which on (every k' >= k) the rise stays within max(LOSS_MATERIAL, 2 standard errors);
+    T (ks[-1]) where the rise at T/2 still exceeds it. rise: (mean, s.e.) per k of ks[:-1]."""
     effective = ks[-1]
-    for k, r in reversed(list(zip(ks, rise))):
-        if r >= MATERIAL:
+    for k, (r, se) in reversed(list(zip(ks, rise))):
+        if r > max(sizes.LOSS_MATERIAL, 2 * se):
             break
         effective = k
     return effective
@@ -460,21 +420,25 @@ def context_rows(ctx, budget, result, ks, rises, repeats):
     """The context rows; returns the verdict's (evidence, status)."""
     T, recipes = result.plan.block_size, {n: result.tuned[n].recipe for n in lm.NAMES}
     effective = {n: [effective_context(ks, r) for r in rises[n].tolist()] for n in lm.NAMES}
-    mean_effective = {n: effective_context(ks, rises[n].mean(0).tolist()) for n in lm.NAMES}
-    models = (f"the lm experiment's equal-time models ({result.budget_s:g} s of training each; gpt {recipes['gpt']}, "
-              f"lstm {recipes['lstm']}), context {T}, seeds {lm.seeds_range(result)}")
-    ctx.row("context", "loss rise at the last position, tokens more than k back replaced, k = "
-            + " / ".join(map(str, ks[:-1])), *(" / ".join(f"{v:+.3f}" for v in rises[n].mean(0).tolist())
+    models = (f"the largest data-rich pair (sizes: {result.models['gpt'].desc} vs {result.models['lstm'].desc}, "
+              f"{result.plan.tokens / 1e6:.1f}M tokens; gpt {recipes['gpt']}, lstm {recipes['lstm']}), context {T}, "
+              f"seeds {lm.seeds_range(result)}")
+    ctx.row("context", "loss rise at the last position, only the last k tokens kept, k = "
+            + " / ".join(map(str, ks[:-1])), *(" / ".join(f"{v:+.3f}" for v in rises[n][..., 0].mean(0).tolist())
                                                for n in lm.NAMES),
-            f"{models}; mean of the seeds; replaced by draws from the train split's unigram distribution (Khandelwal "
-            f"et al. 2018), the same draws for every model; {budget['windows']} test windows (val 2nd half) scored at "
-            f"position {T}; the largest rise of any seed: " + ", ".join(f"{n} {rises[n].max().item():+.3f}"
-                                                                        for n in lm.NAMES))
-    ctx.row("context", f"effective context (the smallest k from which on the rise stays under {MATERIAL} nats), of "
-            f"{T}", *(context_words(mean_effective[n], ks) for n in lm.NAMES),
-            "the seeds' mean rise; each seed's own: " + "; ".join(f"{n} {', '.join(map(str, effective[n]))}"
-                                                                  for n in lm.NAMES)
-            + f"; {ks[0]} is the smallest k tried, a floor of what this measure tells")
+            f"{models}; mean of the seeds; the window cut to its last k tokens (clean text, nothing replaced); "
+            f"{budget['windows']} test windows (val 2nd half) scored at the last position; standard error over the "
+            f"windows up to " + ", ".join(f"{n} {rises[n][..., 1].max().item():.3f}" for n in lm.NAMES))
+    ctx.row("context", f"effective context per seed (the smallest k from which on the rise stays within "
+            f"{sizes.LOSS_MATERIAL} nats and 2 s.e.), of {T}", *(", ".join(map(str, effective[n])) for n in lm.NAMES),
+            f"{ks[0]} is the smallest k tried, a floor of what this measure tells")
+    curves = {n: torch.tensor([r.by_position for r in result.runs(n)]) for n in lm.NAMES}  # (seeds, T)
+    ends = [e for e in (8, 64, 128, 256) if e < T] + [T]
+    bins = list(zip([1, *[e + 1 for e in ends[:-1]]], ends))
+    ctx.row("context", "test loss at positions " + " / ".join(f"{a}-{b}" for a, b in bins),
+            *(" / ".join(mean_range(v) for v in lm.bin_means(curves[n], bins).T.tolist()) for n in lm.NAMES),
+            f"{models}; every window of the test half; " + "; ".join(f"{n}: {lm.position_note(curves[n], bins)}"
+                                                                    for n in lm.NAMES))
     distances, span = budget["distances"], budget["span"]
     def losses(name, key):
         return " / ".join(f"{repeats[name]['scores'][D][key]:.3f}" for D in distances)
@@ -499,8 +463,9 @@ def context_rows(ctx, budget, result, ks, rises, repeats):
     status = context_status(text, repeat, distances[0] in copies["lstm"])
     lo, hi = distances[0], distances[-1]
     counts = distances[0] in copies["gpt"] and distances[0] in copies["lstm"]
-    evidence = (f"text: effective context per seed gpt {', '.join(map(str, effective['gpt']))}, lstm "
-                f"{', '.join(map(str, effective['lstm']))} of {T} (k from {ks[0]}), "
+    evidence = (f"text (clean, the largest data-rich pair): effective context per seed gpt "
+                f"{', '.join(map(str, effective['gpt']))}, lstm {', '.join(map(str, effective['lstm']))} of {T} "
+                f"(k from {ks[0]}), "
                 + (f"{text} uses more" if text else "not apart") + "; repeat: copies at D = "
                 + "; ".join(f"{n} {', '.join(map(str, copies[n])) or 'none'}" for n in lm.NAMES)
                 + f"; loss on the repeat from D = {lo} to {hi}: gpt {by_d['gpt'][0][0]:.3f} -> {by_d['gpt'][-1][0]:.3f}"
@@ -521,24 +486,36 @@ def repeat_grids(tuned):
 
 
 def context_figure(ctx, budget, result, ks, rises, repeats):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4))
+    T = result.plan.block_size
     for name, color in (("gpt", "C0"), ("lstm", "C1")):
-        r = rises[name]
+        r = rises[name][..., 0]  # (seeds, ks - 1)
         mean = r.mean(0)
         a.errorbar(ks[:-1], mean, yerr=(mean - r.min(0).values, r.max(0).values - mean), fmt="o-", ms=3, capsize=3,
                    color=color, label=f"{name} ({len(r)} seeds, min-max)")
-        a.axvline(effective_context(ks, mean.tolist()), color=color, ls=":", lw=1)
+        for k in sorted(set(effective_context(ks, seed) for seed in rises[name].tolist())):
+            a.axvline(k, color=color, ls=":", lw=1)
         distances, scores = budget["distances"], repeats[name]["scores"]
         b.errorbar(distances, [scores[D]["repeat"] for D in distances], yerr=[2 * scores[D]["se"] for D in distances],
                    fmt="o-", capsize=3, color=color, label=f"{name}: repeated span")
         b.plot(distances, [scores[D]["first"] for D in distances], "--", color=color, lw=1,
                label=f"{name}: first copy")
+        curves = torch.tensor([run.by_position for run in result.runs(name)])
+        starts, binned = lm.half_octaves(curves)  # (seeds, bins)
+        centers = [(s + e - 1) / 2 for s, e in zip(starts, [*starts[1:], T + 1])]
+        c.errorbar(centers, binned.mean(0), yerr=(binned.mean(0) - binned.min(0).values,
+                                                  binned.max(0).values - binned.mean(0)),
+                   fmt="o-", ms=3, color=color, label=f"{name}: half-octave bins, seed min-max")
+    c.set_xscale("log")
+    c.set(xlabel="position in the context", ylabel="test loss (nats/token)",
+          title="the same pair: loss by position\n(every test window)")
+    c.legend(fontsize=7)
     a.set_xscale("log", base=2)
     a.set_xticks(ks[:-1], [str(k) for k in ks[:-1]])
     a.axhline(0, color="gray", lw=0.8)
-    a.axhline(MATERIAL, color="gray", ls="--", lw=0.8, label=f"{MATERIAL} nats")
-    a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the full window (nats)",
-          title="equal-time lm models: context beyond k replaced\n(dotted: effective context)")
+    a.axhline(sizes.LOSS_MATERIAL, color="gray", ls="--", lw=0.8, label=f"{sizes.LOSS_MATERIAL} nats")
+    a.set(xlabel="k (tokens kept before the scored one)", ylabel="loss rise over the whole window (nats)",
+          title="the largest data-rich pair: window cut to its last k\n(dotted: each seed's effective context)")
     b.axhline(math.log(result.vocab // 2), color="gray", ls=":", lw=1, label="a uniform guess over the alphabet")
     b.set_xscale("log", base=2)
     b.set_xticks(budget["distances"], [str(D) for D in budget["distances"]])
@@ -547,20 +524,10 @@ def context_figure(ctx, budget, result, ks, rises, repeats):
     for ax in (a, b):
         ax.legend(fontsize=7)
     trained = ", ".join(f"{n} {repeats[n]['tuned'].recipe}" for n in lm.NAMES)
-    ctx.save(fig, "context.png", f"left: {lm.lm_detail(result)}\nright: the same shapes at context "
+    pair = f"{result.models['gpt'].desc} vs {result.models['lstm'].desc}"
+    ctx.save(fig, "context.png", f"left and right: sizes' largest pair ({pair}), context {result.plan.block_size}, "
+             f"{result.plan.tokens / 1e6:.1f}M tokens, seeds {lm.seeds_range(result)}\nmiddle: the same shapes at "
+             f"context "
              f"{budget['context']}, trained {budget['steps']} steps x {budget['batch_size']} sequences on the repeat "
              f"corpus (D log-uniform in {min(budget['distances'])}-{max(budget['distances'])}), span {budget['span']}, "
              f"seed {SEED}: {trained}")
-
-
-# --- sizes' rule (sizes.py runs it) ---
-
-def sizes_status(tokens_per_param, seeds, gaps):
-    """The verdict by SIZES_RULE: per size (smallest first), its training tokens per parameter, its seeds and the
-    gaps (LSTM - GPT test loss, one per seed)."""
-    regime = [i for i, (t, s) in enumerate(zip(tokens_per_param, seeds)) if t >= KAPLAN_TOKENS_PER_PARAM and s >= 3]
-    if len(regime) < 3:
-        return (f"not shown here (not reached at this scale: {min(tokens_per_param):.2g}-"
-                f"{max(tokens_per_param):.2g} tokens per parameter)")
-    grows = apart(gaps[regime[-1]], gaps[regime[0]])
-    return {1: "shown here", -1: "contradicted here", 0: "not shown here"}[grows]

@@ -137,7 +137,10 @@ class LMResult:
 
     @classmethod
     def load(cls, path=RESULT):
-        d = json.loads(Path(path).read_text())
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, d):
         def run(r):
             return LMRun(**{**r, "recipe": Recipe(**r["recipe"]), "curve": [tuple(p) for p in r["curve"]]})
         def tuned(t):
@@ -177,24 +180,31 @@ def selection_merit(runs):
 
 
 def lm_setup(ctx):
-    """The corpus, prepared once, and both models: the preset's GPT, and configs/model/lstm.yaml at the width
-    (report.tasks.rnn_width) that gives it the GPT's parameter count on this corpus's vocabulary."""
+    """The corpus, prepared once, and the preset's GPT with the LSTM of its parameter count (pair_models)."""
     budget = BUDGET[ctx.preset]
+    data_dir, vocab, models = pair_models(ctx, budget["gpt"], budget["block_size"])
+    return LMResult(ctx.preset, corpus_name(ctx), vocab, unigram_entropy(data_dir), Plan.of(data_dir, budget), models)
+
+
+def pair_models(ctx, gpt_overrides, block_size):
+    """The corpus prepared at block_size (once, before the runs, which then find it prepared), its vocabulary, and
+    {name: LMModel}: the GPT of gpt_overrides and configs/model/lstm.yaml at the width (report.tasks.rnn_width) that
+    gives it the GPT's parameter count on this corpus's vocabulary."""
     data = ["data=text", f"data.path={ctx.data_path}"] if ctx.data_path else []
-    shape = [f"model.block_size={budget['block_size']}"]
-    gpt = compose(*budget["gpt"], *shape, *data)
-    data_dir = prepare(gpt.data, budget["block_size"])  # once, before the runs, which then find it prepared
+    shape = [f"model.block_size={block_size}"]
+    gpt = compose(*gpt_overrides, *shape, *data)
+    data_dir = prepare(gpt.data, block_size)
     vocab = load_meta(data_dir)["vocab_size"]
     params = build_model(replace(gpt.model, vocab_size=vocab)).num_params()
     lstm = replace(compose("model=lstm", *shape).model, vocab_size=vocab)
     lstm = replace(lstm, n_embd=rnn_width(params, vocab, lstm.n_layer, tied=lstm.tie_weights))
     models = {}
-    for name, cfg, overrides in (("gpt", gpt.model, budget["gpt"]),
+    for name, cfg, overrides in (("gpt", gpt.model, gpt_overrides),
                                  ("lstm", lstm, ["model=lstm", f"model.n_embd={lstm.n_embd}"])):
         desc = f"{cfg.n_layer}x{cfg.n_embd} " + (f"GPT, {cfg.n_head} heads" if name == "gpt" else "LSTM")
         models[name] = LMModel(name, [*overrides, *shape, *data], desc, cfg.n_layer,
                                build_model(replace(cfg, vocab_size=vocab)).num_params())
-    return LMResult(ctx.preset, corpus_name(ctx), vocab, unigram_entropy(data_dir), Plan.of(data_dir, budget), models)
+    return data_dir, vocab, models
 
 
 def lm_run(ctx, plan, experiment, model, setting, recipe, seed, seconds=0.0, extra=()):

@@ -1,154 +1,238 @@
-"""Scaling in miniature, part of reason (b): the lm experiment's GPT and LSTM (each at its best recipe) and larger
-GPTs with the LSTM of each one's parameter count, every run trained by `python train.py` on the lm experiment's
-corpus for the same tokens and scored on the val split's second half. Does the LSTM fall behind as the models grow,
-as Kaplan et al. 2020 (figure 7) found? Their figure is about near-converged models trained on plenty of data, so the
-rule (context.SIZES_RULE) decides only at KAPLAN_TOKENS_PER_PARAM training tokens per parameter or more; below that,
-the rows are a measurement and the verdict says the regime was not reached.
+"""Reason (b)'s loss part in the data-rich regime, a small Kaplan et al. (2020) figure 7: the GPT against the LSTM of
+its parameter count at three sizes, every run trained by `python train.py` to TOKENS_PER_PARAM training tokens per
+parameter (Hoffmann et al. 2022's compute-optimal ratio), each model at each size at its own Muon recipe, 3 seeds.
+The loss verdict of reason (b) is decided here only (SIZES_RULE); the lm experiment's shorter runs decide nothing.
 
-Protocol: the smallest size is the lm experiment's pair, its runs reused (each model's best recipe, chosen on the val
-split's 1st half, every seed); each larger size takes its model's recipe with the AdamW part's lr scaled as muP
-predicts (Yang et al. 2022: x the smaller width / this width) and muon_lr as it is, not tuned again.
-Training FLOPs count 6 x the matmul weights (the non-embedding parameters plus the output head, whose matmul runs)
-per token, plus, for the GPT, 6 x n_layer x T x n_embd per token for QK^T and AV over the causal half of the keys.
+Protocol: at each size, each model's muon_lr grid (its AdamW part at the grid's middle lr), then its AdamW part's lr
+grid at the chosen muon_lr, each widened past a winning end (protocol.seed_grid), chosen on the val split's 1st half
+with the grid seed; the chosen recipe then trains every seed, scored once on the 2nd half. Training FLOPs are the
+models' own count (flops_per_token at the context). The runs' results are saved (RESULT) for the context experiment,
+which reads the largest pair.
     python -m scripts.report --only sizes
 """
+import json
+import math
 import shutil
-from dataclasses import replace
+import statistics
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 from attnlab.checkpoint import build_model
 from attnlab.config import compose
+from data.corpus import load_split
 from scripts.report import RUNS, lm
-from scripts.report.context import KAPLAN_TOKENS_PER_PARAM, SIZES_RULE, sizes_status
-from scripts.report.protocol import mean_range
-from scripts.report.tasks import rnn_width
+from scripts.report.protocol import Recipe, apart, mean_range, tune
 
-# gpt: (n_layer, n_head, n_embd) of each size above the lm experiment's, smallest first (the LSTM at each is
-# configs/model/lstm.yaml at the width of the same parameter count); seeds: the seeds each of them is trained with.
-# Runs: 2 x len(gpt) x seeds, each a train.py start-up, its training (the lm experiment's steps) and the scoring.
+TOKENS_PER_PARAM = 20  # training tokens per parameter of every run: the data-rich regime the rule is about
+LOSS_MATERIAL = 0.02  # nats: at losses near 1.5 about what 1.3x the compute buys on Kaplan et al.'s L ∝ C^-0.050
+SIZES_RULE = (f"at each of 3 sizes both models trained to {TOKENS_PER_PARAM} tokens per parameter, each at its own "
+              f"Muon recipe tuned at that size, 3 seeds; a model is ahead at a size where its mean test loss is lower "
+              f"by more than {LOSS_MATERIAL} nats (at these losses about what 1.3x the compute buys on Kaplan et al.'s "
+              f"compute law) and the seeds' min-max ranges are apart. Shown where the GPT is ahead at the largest size "
+              f"and the gap (LSTM - GPT, per seed) grows from the smallest size to the largest, ranges apart; "
+              f"contradicted where the LSTM is ahead at the largest size and the gap does not grow; otherwise not "
+              f"shown")
+RESULT = RUNS / "sizes" / "result.json"  # the last sizes training: one LMResult per size
+
+# gpt: (n_layer, n_head, n_embd) of each size, smallest first (the LSTM at each: lm.pair_models); block_size,
+# batch_size: every run's context and sequences a step (its steps: TOKENS_PER_PARAM x the pair's larger parameter
+# count / tokens a step); muon_lrs, adamw_lrs: each model's grids (the AdamW part's grid at the chosen muon_lr);
+# widen: grid steps added past a winning end; seeds: the chosen recipe's seeds (grid points: seed 0); evals,
+# eval_iters: train.py's val estimates a run and batches each (the curves against tokens); select_windows,
+# test_windows, train_windows: windows of block_size scored on the val split's halves and on the train split.
+# Runs: 2 models x 3 sizes x (5 grid points, more where widened, + 2 seeds), each a train.py start-up and training.
 BUDGET = {
-    "quick": dict(gpt=[(2, 4, 128)], seeds=1),
-    "full": dict(gpt=[(4, 4, 128), (4, 4, 192)], seeds=1),
+    "quick": dict(gpt=[(2, 2, 24), (2, 2, 32), (2, 4, 48)], block_size=512, batch_size=4,
+                  muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
+                  adamw_lrs=dict(gpt=[1e-3, 3e-3, 1e-2], lstm=[3e-3, 1e-2, 3e-2]), widen=2, seeds=3, evals=8,
+                  eval_iters=4, select_windows=128, test_windows=None, train_windows=128),
+    "full": dict(gpt=[(2, 2, 32), (2, 2, 56), (3, 4, 80)], block_size=512, batch_size=4,
+                 muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
+                 adamw_lrs=dict(gpt=[1e-3, 3e-3, 1e-2], lstm=[3e-3, 1e-2, 3e-2]), widen=2, seeds=3, evals=8,
+                 eval_iters=4, select_windows=256, test_windows=None, train_windows=256),
 }
 
 
 def exp_sizes(ctx):
-    """Test loss against parameters and training FLOPs for both models at equal tokens; the gap against size."""
+    """Test loss against parameters and training FLOPs at TOKENS_PER_PARAM, and the gap against size."""
+    results = train_sizes(ctx)
+    sizes_rows(ctx, results)
+    sizes_figure(ctx, results)
+
+
+def train_sizes(ctx):
+    """Every size's pair tuned and trained (tune_size): [LMResult], smallest first, saved to RESULT."""
     shutil.rmtree(RUNS / "sizes", ignore_errors=True)
-    result, budget = lm.lm_results(ctx), BUDGET[ctx.preset]
-    ladder = size_ladder(ctx, budget, result)
-    runs = {name: [result.runs(name)] for name in lm.NAMES}
-    for name in lm.NAMES:
-        for size in ladder[name][1:]:
-            recipe = scaled_recipe(result.tuned[name].recipe, ladder[name][0]["width"], size["width"])
-            runs[name].append([lm.lm_run(ctx, result.plan, "sizes", size["model"], f"params={size['model'].params}",
-                                         recipe, seed) for seed in range(budget["seeds"])])
-    sizes_rows(ctx, result, ladder, runs)
-    sizes_figure(ctx, result, ladder, runs)
-
-
-def size_ladder(ctx, budget, result):
-    """Each model's sizes, the lm experiment's first: {name: [dict(model (an lm.LMModel), width, flops)]}, the LSTM
-    at each size of the width whose parameter count is closest to the GPT's."""
-    data = ["data=text", f"data.path={ctx.data_path}"] if ctx.data_path else []
-    T, vocab = result.plan.block_size, result.vocab
-    shape = [f"model.block_size={T}"]
-    lstm_base = replace(compose("model=lstm", *shape).model, vocab_size=vocab)
-    ladder = {name: [size_entry(result.models[name], vocab, result.plan.tokens)] for name in lm.NAMES}
+    budget = BUDGET[ctx.preset]
+    results = []
     for n_layer, n_head, n_embd in budget["gpt"]:
         gpt = [f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}"]
-        params = build_model(replace(compose(*gpt, *shape).model, vocab_size=vocab)).num_params()
-        width = rnn_width(params, vocab, lstm_base.n_layer, tied=lstm_base.tie_weights)
-        lstm_params = build_model(replace(lstm_base, n_embd=width)).num_params()
-        for model in (lm.LMModel("gpt", [*gpt, *shape, *data], f"{n_layer}x{n_embd} GPT, {n_head} heads", n_layer,
-                                 params),
-                      lm.LMModel("lstm", ["model=lstm", f"model.n_embd={width}", *shape, *data],
-                                 f"{lstm_base.n_layer}x{width} LSTM", lstm_base.n_layer, lstm_params)):
-            ladder[model.name].append(size_entry(model, vocab, result.plan.tokens))
-    return ladder
+        data_dir, vocab, models = lm.pair_models(ctx, gpt, budget["block_size"])
+        tokens = TOKENS_PER_PARAM * max(m.params for m in models.values())
+        steps = math.ceil(tokens / (budget["batch_size"] * budget["block_size"]))
+        plan = lm.Plan(str(data_dir), budget["block_size"], budget["batch_size"], steps, budget["evals"],
+                       budget["eval_iters"], budget["select_windows"], budget["test_windows"])
+        result = lm.LMResult(ctx.preset, lm.corpus_name(ctx), vocab, lm.unigram_entropy(data_dir), plan, models)
+        for name, model in models.items():
+            result.tuned[name] = tune_size(ctx, budget, plan, model)
+            print(f"sizes: {model.desc} ({model.params:,} params): {result.tuned[name].recipe} chosen")
+        results.append(result)
+    results[0].ngram = lm.ngram_baselines(results[0].plan.data_dir, results[0].vocab)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    return results
 
 
-def size_entry(model, vocab, tokens):
-    built = build_model(replace(compose(*model.overrides).model, vocab_size=vocab))
-    return dict(model=model, width=built.config.n_embd, flops=train_flops(built, tokens))
+def tune_size(ctx, budget, plan, model):
+    """model's muon_lr grid (AdamW part at its grid's middle lr), then the AdamW part's lr grid at the chosen
+    muon_lr: the second grid's Tuned (the first in its others), its runs every seed. A recipe trains once."""
+    done = {}
+    def fit(recipe, seed):
+        if (recipe, seed) not in done:
+            done[recipe, seed] = lm.lm_run(ctx, plan, "sizes", model, f"params={model.params}", recipe, seed)
+        return done[recipe, seed]
+    seeds, adamw_lrs = list(range(budget["seeds"])), budget["adamw_lrs"][model.name]
+    middle = sorted(adamw_lrs)[len(adamw_lrs) // 2]
+    muon = tune(fit, lambda m: Recipe("muon", middle, m), budget["muon_lrs"][model.name], seeds[:1], 1,
+                lm.selection_merit, widen=budget["widen"])
+    part = tune(fit, lambda lr: Recipe("muon", lr, muon.recipe.muon_lr), adamw_lrs, seeds, 1, lm.selection_merit,
+                widen=budget["widen"])
+    part.others = [muon]
+    return part
 
 
-def scaled_recipe(recipe, small, large):
-    """The smallest size's recipe at width large (small: the smallest size's width): the AdamW part's lr x small /
-    large (muP's prediction for Adam), muon_lr as it is."""
-    return replace(recipe, lr=float(f"{recipe.lr * small / large:.3g}"))
+def sizes_results(ctx):
+    """The last sizes training's [LMResult] where it is ctx's preset and corpus and its runs are there, else None."""
+    if not RESULT.exists():
+        return None
+    results = [lm.LMResult.from_dict(d) for d in json.loads(RESULT.read_text())]
+    if (results[0].preset, results[0].corpus) != (ctx.preset, lm.corpus_name(ctx)) or not all(
+            (Path(run.out) / "ckpt.pt").exists() for r in results for n in lm.NAMES for run in r.runs(n)):
+        return None
+    return results
 
 
-def train_flops(model, tokens):
-    """6 x the matmul weights per token (the non-embedding parameters, plus a tied head, which num_params skips as the
-    embedding but whose matmul runs), plus the GPT's attention, QK^T and AV over the causal half of the keys: 2 x 2 x
-    n_embd x T/2 multiply-adds forward per layer and token, x3 with the backward pass."""
-    cfg = model.config
-    weights = model.num_params(embeddings=False) + (model.lm_head.weight.numel() if cfg.tie_weights else 0)
-    attention = 6 * cfg.n_layer * cfg.block_size * cfg.n_embd if hasattr(cfg, "n_head") else 0
-    return tokens * (6 * weights + attention)
+def gaps(result):
+    """LSTM - GPT test loss, seed by seed."""
+    return [lstm.test - gpt.test for gpt, lstm in zip(result.runs("gpt"), result.runs("lstm"))]
 
 
-def sizes_rows(ctx, result, ladder, runs):
-    plan = result.plan
-    def described(name):
-        return (" / ".join(s["model"].desc for s in ladder[name]) + " ("
-                + " / ".join(f"{s['model'].params:,}" for s in ladder[name]) + " params)")
-    ctx.row("sizes", "models, smallest to largest", described("gpt"), described("lstm"),
-            f"corpus {result.corpus}; context {plan.block_size}; {plan.steps} steps x {plan.batch_size} sequences = "
-            f"{plan.tokens / 1e6:.2f}M tokens for every run; train.py, fp32, warmup + cosine to lr/10; each LSTM the "
-            f"width of its GPT's parameter count")
-    def recipes(name):
-        return " / ".join(str(rs[0].recipe) for rs in runs[name])
-    ctx.row("sizes", "test loss by size, final weights", *(" / ".join(mean_range(lm.test_losses(rs)) for rs in runs[n])
-                                                           for n in lm.NAMES),
-            f"the smallest size is the lm experiment's, its runs reused (seeds {lm.seeds_range(result)}); larger "
-            f"sizes seed{'s' if len(runs['gpt'][-1]) > 1 else ''} {', '.join(str(r.seed) for r in runs['gpt'][-1])}; "
-            f"recipes by size: gpt {recipes('gpt')}; lstm {recipes('lstm')} (the AdamW part's lr scaled as muP "
-            f"predicts, not tuned again); the test loss on the val split's 2nd half; {lm.ngram_note(result.ngram)}")
-    tokens_per_param = [plan.tokens / max(s["model"].params for s in pair) for pair in zip(ladder["gpt"],
-                                                                                           ladder["lstm"])]
-    ctx.row("sizes", "training tokens per parameter, by size", " / ".join(f"{t:.2g}" for t in tokens_per_param), "-",
-            f"Kaplan et al.'s figure 7 is about near-converged models on plenty of data; this rule decides from "
-            f"{KAPLAN_TOKENS_PER_PARAM} tokens per parameter at 3 or more sizes with 3 seeds each")
-    gaps = [[lstm.test - gpt.test for gpt, lstm in zip(g, s)] for g, s in zip(runs["gpt"], runs["lstm"])]
-    status = sizes_status(tokens_per_param, [len(rs) for rs in runs["gpt"]], gaps)
-    evidence = (f"at equal tokens ({plan.tokens / 1e6:.2f}M) the LSTM's test loss minus the GPT's is "
-                + " / ".join(mean_range(g) for g in gaps) + " nats from "
-                + f"{ladder['gpt'][0]['model'].params:,} to {ladder['gpt'][-1]['model'].params:,} params, at "
-                + " / ".join(f"{t:.2g}" for t in tokens_per_param) + " training tokens per parameter")
-    ctx.row("sizes", "gap, LSTM - GPT test loss, by size", " / ".join(mean_range(g) for g in gaps), "-",
-            f"{evidence}; so the LSTM falling behind as models grow (Kaplan et al. 2020, fig. 7) is {status}")
-    ctx.row("sizes", "training FLOPs per run, by size",
-            *(" / ".join(f"{s['flops']:.2e}" for s in ladder[n]) for n in lm.NAMES),
-            "6 x (non-embedding params + the output head) x tokens, plus for the GPT 6 x n_layer x T x n_embd per "
-            "token (attention over the causal half of the keys)")
+def ahead(result):
+    """Which model is ahead at this size by SIZES_RULE ("gpt", "lstm") or None."""
+    losses = {n: lm.test_losses(result.runs(n)) for n in lm.NAMES}
+    if abs(statistics.mean(gaps(result))) <= LOSS_MATERIAL:
+        return None
+    return {-1: "gpt", 1: "lstm", 0: None}[apart(losses["gpt"], losses["lstm"])]
+
+
+def sizes_status(results):
+    """The verdict by SIZES_RULE from every size's results (smallest first)."""
+    regime = [r for r in results if r.plan.tokens >= TOKENS_PER_PARAM * max(m.params for m in r.models.values())
+              and len(r.runs("gpt")) >= 3]
+    if len(regime) < 3:
+        return "not shown here (fewer than 3 sizes with 3 seeds at 20 tokens per parameter)"
+    leader, grows = ahead(regime[-1]), apart(gaps(regime[-1]), gaps(regime[0])) == 1
+    if leader == "gpt" and grows:
+        return "shown here"
+    if leader == "lstm" and not grows:
+        return "contradicted here"
+    return "not shown here"
+
+
+def train_loss(run, plan, windows):
+    """The run's mean loss on windows of the train split: beside its test loss, whether repeating the data let it
+    memorise."""
+    tokens = load_split(plan.data_dir, "train")
+    return lm.position_losses(lm.final_model(run.out), tokens, plan.block_size, windows).mean().item()
+
+
+def sizes_rows(ctx, results):
+    budget, first = BUDGET[ctx.preset], results[0]
+    train_tokens = len(load_split(first.plan.data_dir, "train"))
+    def by_size(f):
+        return " / ".join(f(r) for r in results)
+    ctx.row("sizes", "models, smallest to largest", *(by_size(lambda r, n=n: f"{r.models[n].desc} "
+                                                              f"({r.models[n].params:,})") for n in lm.NAMES),
+            f"corpus {first.corpus} ({first.vocab} tokens); context {first.plan.block_size}; {first.plan.batch_size} "
+            f"sequences a step; train.py, fp32, warmup + cosine to lr/10; each LSTM the width of its GPT's parameter "
+            f"count")
+    ctx.row("sizes", "training tokens (M) and passes over the train split, by size",
+            by_size(lambda r: f"{r.plan.tokens / 1e6:.2f}M, {r.plan.tokens / train_tokens:.2f}"), "the same",
+            f"{TOKENS_PER_PARAM} tokens per parameter of the pair's larger model; "
+            + " / ".join(f"{r.plan.steps:,}" for r in results) + " steps")
+    ctx.row("sizes", "each size's recipe (muon_lr grid, then the AdamW part's lr grid)",
+            *(by_size(lambda r, n=n: recipe_note(r.tuned[n])) for n in lm.NAMES),
+            "chosen on the val split's 1st half with seed 0; (edge): the best at an end of its grid after widening")
+    ctx.row("sizes", "test loss by size, final weights",
+            *(by_size(lambda r, n=n: mean_range(lm.test_losses(r.runs(n)))) for n in lm.NAMES),
+            f"mean [min, max] over seeds 0-{budget['seeds'] - 1}; the val split's 2nd half; "
+            f"{lm.ngram_note(first.ngram)}; unigram {first.unigram:.3f}")
+    largest = results[-1]
+    memo = {n: [train_loss(run, largest.plan, budget["train_windows"]) - run.test for run in largest.runs(n)]
+            for n in lm.NAMES}
+    ctx.row("sizes", "train minus test loss, largest size", *(mean_range(memo[n]) for n in lm.NAMES),
+            f"{budget['train_windows']} windows of the train split against the test half, per seed: a model that "
+            f"memorised its {largest.plan.tokens / train_tokens:.2f} passes would score far lower on the train split")
+    ctx.row("sizes", "still improving at the end (of 3 seeds), by size",
+            *(by_size(lambda r, n=n: str(sum(run.improving for run in r.runs(n)))) for n in lm.NAMES),
+            f"val loss fell by more than {lm.PLATEAU_NATS} nats over the last quarter")
+    ctx.row("sizes", "training FLOPs per run, by size", *(by_size(lambda r, n=n: f"{flops(r, n):.2e}")
+                                                          for n in lm.NAMES),
+            "the models' flops_per_token at the context x training tokens (6N, plus the GPT's attention)")
+    status = sizes_status(results)
+    evidence = ("gap (LSTM - GPT test loss) by size " + " / ".join(mean_range(gaps(r)) for r in results)
+                + " nats at " + " / ".join(f"{r.models['gpt'].params / 1e3:.0f}K" for r in results)
+                + f" params, {TOKENS_PER_PARAM} tokens per parameter; ahead at each size: "
+                + " / ".join(ahead(r) or "neither" for r in results))
+    ctx.row("sizes", "gap, LSTM - GPT test loss, by size", by_size(lambda r: mean_range(gaps(r))), "-",
+            f"{evidence}; so attention's better loss as models and data grow is {status}")
     ctx.verdict("sizes", "b", evidence, status, rule=SIZES_RULE)
 
 
-def sizes_figure(ctx, result, ladder, runs):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, label in zip(axes, ("params", "flops"), ("parameters", "training FLOPs (see the rows)")):
-        for name, color in (("gpt", "C0"), ("lstm", "C1")):
-            xs = [s["model"].params if key == "params" else s["flops"] for s in ladder[name]]
-            losses = [lm.test_losses(rs) for rs in runs[name]]
-            means = [np.mean(v) for v in losses]
-            ax.errorbar(xs, means, yerr=([m - min(v) for m, v in zip(means, losses)],
-                                         [max(v) - m for m, v in zip(means, losses)]), fmt="o-", capsize=4,
-                        color=color, label=f"{name} (seed min-max)")
+def recipe_note(tuned):
+    """muon_lr and lr chosen, each grid's points, and (edge) where a choice sits at its grid's end."""
+    muon = tuned.others[0]
+    return (f"muon_lr {tuned.recipe.muon_lr:g} of [{', '.join(f'{x:g}' for x in muon.lrs)}]"
+            + (" (edge)" if muon.edge else "") + f", lr {tuned.recipe.lr:g} of ["
+            + ", ".join(f"{r.lr:g}" for r, _ in tuned.tried) + "]" + (" (edge)" if tuned.edge else ""))
+
+
+def flops(result, name):
+    model = build_model(replace(compose(*result.models[name].overrides).model, vocab_size=result.vocab))
+    return model.flops_per_token(result.plan.block_size) * result.plan.tokens
+
+
+def sizes_figure(ctx, results):
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for name, color in (("gpt", "C0"), ("lstm", "C1")):
+        losses = [lm.test_losses(r.runs(name)) for r in results]
+        means = [np.mean(v) for v in losses]
+        err = ([m - min(v) for m, v in zip(means, losses)], [max(v) - m for m, v in zip(means, losses)])
+        for ax, xs in ((axes[0], [r.models[name].params for r in results]),
+                       (axes[1], [flops(r, name) for r in results])):
+            ax.errorbar(xs, means, yerr=err, fmt="o-", capsize=4, color=color, label=f"{name} (seed min-max)")
+        for r, alpha in zip(results, np.linspace(0.35, 1, len(results))):
+            curves = [run.curve for run in r.runs(name)]
+            steps = len(min(curves, key=len))
+            tokens = np.linspace(0, r.plan.tokens, steps)
+            axes[2].plot(tokens / 1e6, np.mean([[v for _, v in c[:steps]] for c in curves], 0), color=color,
+                         alpha=alpha, label=f"{name} {r.models[name].params / 1e3:.0f}K")
+    for ax in axes[:2]:
         for n, ls in ((2, "--"), (3, ":")):
-            ax.axhline(result.ngram[n][1], color="gray", ls=ls, lw=1, label=f"{'bi' if n == 2 else 'tri'}gram (add-k)")
+            ax.axhline(results[0].ngram[n][1], color="gray", ls=ls, lw=1, label=f"{'bi' if n == 2 else 'tri'}gram")
         ax.set_xscale("log")
         ax.minorticks_off()  # log-axis minor labels overlap over a decade
-        ax.set(xlabel=label, ylabel="test loss (nats/token, val 2nd half)")
+        ax.set(ylabel="test loss (nats/token, val 2nd half)")
         ax.legend(fontsize=7)
-    axes[0].set_title("equal tokens: loss against size")
-    axes[1].set_title("loss against training compute")
-    plan = result.plan
-    ctx.save(fig, "sizes.png", f"corpus {result.corpus}; GPT " + ", ".join(s["model"].desc.split()[0] for s in
-             ladder["gpt"]) + " vs LSTM of equal params (" + ", ".join(s["model"].desc.split()[0] for s in
-             ladder["lstm"]) + f");\ncontext {plan.block_size}, {plan.steps} steps x {plan.batch_size} sequences "
-             f"each, fp32; the smallest size's recipes (the lm experiment's) carried up, the AdamW part's lr scaled "
-             f"as muP predicts")
+    axes[0].set(xlabel="parameters", title=f"loss against size\n({TOKENS_PER_PARAM} tokens per parameter)")
+    axes[1].set(xlabel="training FLOPs", title="loss against training compute")
+    axes[2].set(xlabel="tokens seen (M)", ylabel="val loss (train.py's estimate, seed mean)",
+                title="each pair against tokens seen\n(darker: larger)")
+    axes[2].legend(fontsize=6, ncol=2)
+    ctx.save(fig, "sizes.png", f"corpus {results[0].corpus}; GPT " + ", ".join(r.models["gpt"].desc for r in results)
+             + " vs LSTM " + ", ".join(r.models["lstm"].desc for r in results) + f";\ncontext "
+             f"{results[0].plan.block_size}, {results[0].plan.batch_size} sequences a step, {TOKENS_PER_PARAM} tokens "
+             f"per parameter, fp32, each model's own Muon recipe at each size, seeds 0-2")
