@@ -180,6 +180,15 @@ def test_a_run_that_solves_stops_there_and_its_steps_to_90_and_99_come_from_the_
     assert run.steps == 15 and run.solved and steps_to(run, 0.9) == 0 and steps_to(run, 0.99) == 15
 
 
+def test_a_tracked_set_is_in_the_curve_and_the_stop_but_not_in_what_the_run_is_chosen_by(monkeypatch):
+    # the selection set at 99% from the second eval; the tracked (test) set only from the third: the run goes on
+    scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.2, 9.0), (0.995, 0.5), (0.8, 9.0), (0.995, 0.5), (0.995, 9.0)])
+    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5,
+                          tracked={"test": EVALS["set"]})
+    assert run.steps == 10 and run.select == 0.995  # the selection set's accuracy alone
+    assert steps_to(run, 0.99, {"set": 0}) == 5 and steps_to(run, 0.99, {"test": 0}) == 10
+
+
 def test_muon_runs_at_the_given_muon_lr_and_iterates_in_fp32_on_every_cpu(monkeypatch):
     # a CPU with native bf16 would otherwise give the same seeds other results than one without
     monkeypatch.setattr(optim, "native_bf16", lambda device: True)
@@ -262,8 +271,8 @@ def test_induction_rule_follows_the_numbers(case, status):
     assert decided == status
     assert evidence.startswith(f"steps to 90%: GPT {case[0][0]} / {case[0][1]}; LSTM ")
     if case[2] == [None, None]:
-        assert "LSTM >400 / >400, ratio to the GPT 3.6 (3.3-4.0), a lower bound: 2 of 2 seeds not there by 400" in \
-            evidence
+        assert ("LSTM >400 / >400, ratio to the GPT 3.6 (3.3-4.0), a lower bound, the cap 400 over the GPT's steps: 2 "
+                "of 2 seeds not there by the cap") in evidence
 
 
 def test_a_capped_gpt_makes_no_bound():
@@ -333,7 +342,9 @@ def test_induction_experiment_end_to_end(tiny_budget, one_thread):
     retrieval.exp_induction(ctx)
     assert {p.name for p in ctx.out.glob("*.png")} == {"induction.png"}
     to90, to99, accuracy, attention = ctx.rows
-    assert to90["measure"].startswith("steps to 90% selection accuracy") and to99["measure"].startswith("steps to 99%")
+    assert to90["measure"].startswith("steps to 90% test accuracy") and to99["measure"].startswith("steps to 99%")
+    # the steps come from the test set's curve, scored at every eval beside the selection set and never chosen on
+    assert {p["metric"] for p in ctx.grid} >= {"steps to 90% test accuracy", "steps to 90% selection accuracy"}
     assert all(len(to90[name].split(" / ")) == 3 for name in ("gpt", "lstm", "mingru"))
     assert "ratio to the GPT" in to90["note"] and "minGRU" in to90["note"]
     assert "chance uniform over the 32 tokens 3.1%" in accuracy["note"] and accuracy["mingru"]

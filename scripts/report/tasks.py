@@ -129,11 +129,15 @@ class Run:
     solved: bool
     improving: bool
     test: dict = field(default_factory=dict)
+    chosen_on: tuple = ()  # the eval sets select averages (empty: every set in the curve)
 
 
-def steps_to(run, level=0.9):
-    """The first scored step at which every eval set reached level, from the curve; None if it never did."""
-    return next((step for step, accs in run.curve if min(accs.values()) >= level), None)
+def steps_to(run, level=0.9, sets=None):
+    """The first scored step at which every one of sets (default: the sets the run is chosen on) reached level, from
+    the curve; None if it never did."""
+    sets = sets or run.chosen_on
+    return next((step for step, accs in run.curve
+                 if min(v for k, v in accs.items() if not sets or k in sets) >= level), None)
 
 
 def still_improving(losses, steps):
@@ -143,10 +147,11 @@ def still_improving(losses, steps):
 
 
 def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.99, eval_every=50, seed=0,
-                    desc="train", optimizer="muon", muon_lr=0.02):
+                    desc="train", optimizer="muon", muon_lr=0.02, tracked=None):
     """A short plain loop (train.py's optimizers, warmup + cosine schedule to the cap `steps` and gradient
     clipping) on freshly drawn batches; make_batch(it, generator) gives (x, y). Every eval_every steps it scores the
-    eval sets; it stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap,
+    eval sets and the tracked ones (a test set whose curve is reported, never chosen on: it is in the curve but not
+    in select); it stops early only once every one is at stop_at (solved), so every unsolved run gets the whole cap,
     whatever its model. At the cap it records whether the summed selection loss was still falling (still_improving)."""
     torch.manual_seed(seed)
     model = build_model(model_cfg).to(device)
@@ -156,19 +161,20 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
                             warmup_iters=min(50, steps // 10), dtype="float32")
     optim = make_optimizer(model, train_cfg, device)
     generator = torch.Generator().manual_seed(seed + 1)
-    evals = {name: (x.to(device), y.to(device)) for name, (x, y) in evals.items()}
+    chosen_on = list(evals)
+    evals = {name: (x.to(device), y.to(device)) for name, (x, y) in {**evals, **(tracked or {})}.items()}
     curve, losses, start = [], [], time.time()
     for it in tqdm(range(steps + 1), desc=desc, leave=False):
         if it % eval_every == 0 or it == steps:
             scored = {name: evaluate(model, x, y) for name, (x, y) in evals.items()}
             curve.append((it, {name: acc for name, (acc, _) in scored.items()}))
-            losses.append((it, sum(loss for _, loss in scored.values())))
+            losses.append((it, sum(scored[name][1] for name in chosen_on)))
             solved = min(curve[-1][1].values()) >= stop_at
             if it == steps or solved:
                 break
         set_lr(optim, get_lr(it, train_cfg))
         x, y = make_batch(it, generator)
         train_step(model, optim, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
-    select = sum(curve[-1][1].values()) / len(evals)
+    select = sum(curve[-1][1][name] for name in chosen_on) / len(chosen_on)
     improving = not solved and still_improving(losses, steps)
-    return Run(model.eval(), curve, it, time.time() - start, select, solved, improving)
+    return Run(model.eval(), curve, it, time.time() - start, select, solved, improving, chosen_on=tuple(chosen_on))
