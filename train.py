@@ -90,8 +90,8 @@ def get_batch(data, batch_size, block_size, generator, device):
     """batch_size random windows of data: inputs x (B, T) and targets y = x shifted left by one."""
     starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
     rows = data[starts[:, None] + np.arange(block_size + 1)]  # (B, T + 1), one gather from the memmap
-    batch = torch.from_numpy(rows.astype(np.int64))
-    return to_device(batch[:, :-1], device), to_device(batch[:, 1:], device)
+    batch = to_device(torch.from_numpy(rows.astype(np.int64)), device)  # one contiguous copy (pinned on CUDA)
+    return batch[:, :-1], batch[:, 1:]  # sliced where they are used: a strided view would copy through pageable memory
 
 
 def micro_batches(data, it, cfg, procs, grad_accum):
@@ -218,11 +218,29 @@ def print_start(run, state, dtype, grad_accum, tokens_per_micro):
                           f"{cfg.train.max_iters} steps: warming up over {warmup_steps(cfg.train)} instead")
 
 
-def seconds_trained(run, state):
-    """Rank 0's seconds trained, so that every process spends the time budget alike; 0 without a budget."""
-    if run.cfg.train.time_budget_s > 0:
-        return run.procs.from_rank0(state.elapsed_s)
-    return 0.0
+class BudgetClock:
+    """Seconds trained as every process agrees on them, for the time budget's lr and stop (0 without a budget).
+    Alone, the clock itself. Under torchrun rank 0's reading is broadcast at log steps only (a collective the CPU
+    waits for); in between every process counts on the seconds per step of the last interval, so the lr and the stop
+    are the same on every rank without a read per step."""
+
+    def __init__(self, run, elapsed_s):
+        self.run = run
+        self.budget = run.cfg.train.time_budget_s > 0
+        self.synced_iter, self.synced_s, self.per_step = run.start_iter, 0.0, 0.0
+        if self.budget and run.procs.distributed:
+            self.synced_s = run.procs.from_rank0(elapsed_s)
+
+    def seconds(self, it, elapsed_s):
+        if not self.budget:
+            return 0.0
+        if not self.run.procs.distributed:
+            return elapsed_s
+        if is_log_step(it, self.run) and it > self.synced_iter:
+            now = self.run.procs.from_rank0(elapsed_s)
+            self.per_step = (now - self.synced_s) / (it - self.synced_iter)
+            self.synced_iter, self.synced_s = it, now
+        return self.synced_s + (it - self.synced_iter) * self.per_step
 
 
 def is_finished(it, seconds, run):
@@ -379,6 +397,7 @@ def train(cfg: Config, clock=time.time, ckpt=None):
     run = Run(cfg, meta, splits, counts, amp, procs, run_log, start_iter=state.iter, resumed=ckpt is not None)
     print_start(run, state, dtype, grad_accum, tokens_per_micro)
     speed = Speedometer(clock, state, tokens_per_step=grad_accum * tokens_per_micro, procs=procs)
+    budget_clock = BudgetClock(run, state.elapsed_s)
     # the loop: lr, eval, checkpoint, stop, micro-steps, clip and step, log
     finished = False  # the finally records it: a run finished or stopped
     val_loss = None
@@ -388,7 +407,7 @@ def train(cfg: Config, clock=time.time, ckpt=None):
         with StopSignals() as signals:
             while True:
                 state.elapsed_s = speed.elapsed_s()
-                seconds = seconds_trained(run, state)
+                seconds = budget_clock.seconds(state.iter, state.elapsed_s)
                 finished = is_finished(state.iter, seconds, run)
                 lr = get_lr(state.iter, cfg.train, seconds)
                 evaluating = should_evaluate(state.iter, finished, run)
@@ -406,7 +425,7 @@ def train(cfg: Config, clock=time.time, ckpt=None):
                 batches = micro_batches(splits["train"], state.iter, cfg, procs, grad_accum)
                 frozen = None if cfg.train.skip_nonfinite else losses.frozen()
                 loss = train_step(model, state.optimizer, batches, cfg.train.grad_clip, amp, scaler, procs.mean,
-                                  frozen)
+                                  frozen, procs.max_)
                 losses.add(loss, state.iter)
                 state.iter += 1
                 run_log.progress.update()

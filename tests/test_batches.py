@@ -38,3 +38,20 @@ def test_every_window_can_be_drawn():
     data = np.arange(12, dtype=np.uint16)
     x, _ = get_batch(data, 2000, 8, torch.Generator().manual_seed(0), CPU)
     assert set(x[:, 0].tolist()) == {0, 1, 2, 3}  # starts 0..n-T-1: the last window ends on the last token
+
+
+def test_a_micro_batch_is_one_contiguous_copy_sliced_where_it_lands(monkeypatch):
+    """Copying the strided views x and y would go through a temporary in pageable memory on CUDA (pinning keeps the
+    strides); one (B, T + 1) tensor is copied, pinned where pinning is available, and sliced on the device."""
+    import train as train_module
+    copied = []
+    def to_device(tensor, device):
+        copied.append(tensor)
+        return tensor.pin_memory() if torch.cuda.is_available() else tensor
+    monkeypatch.setattr(train_module, "to_device", to_device)
+    x, y = get_batch(np.arange(100, dtype=np.uint16), 4, 8, torch.Generator().manual_seed(0), CPU)
+    [batch] = copied
+    assert batch.shape == (4, 9) and batch.is_contiguous()
+    assert x.data_ptr() == batch.data_ptr() and torch.equal(y, batch[:, 1:])  # views of the one copy
+    if torch.cuda.is_available():
+        assert x.is_pinned()

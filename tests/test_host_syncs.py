@@ -62,3 +62,21 @@ def test_a_nonfinite_loss_read_at_the_next_log_step_still_stops_the_run_with_its
     seen = models[0].weights_seen
     assert len(seen) == 10  # read at iter 10, the next log step
     assert all(torch.equal(seen[7], w) for w in seen[8:])  # from the bad step on, no step was taken
+
+
+def test_under_torchrun_the_time_budget_reads_rank0s_clock_at_log_steps_only(tmp_path):
+    """Each read of rank 0's clock is a broadcast the CPU waits for: one at the start and one per log step, the
+    seconds in between counted from the last interval's seconds per step, the same on every rank."""
+    from types import SimpleNamespace
+    cfg = tiny_config(tmp_path, time_budget_s=30.0)
+    cfg = replace(cfg, logger=replace(cfg.logger, log_interval=10))
+    reads = []
+    procs = SimpleNamespace(distributed=True, from_rank0=lambda value: reads.append(value) or value)
+    clock = train_module.BudgetClock(SimpleNamespace(cfg=cfg, procs=procs, start_iter=0), 0.0)
+    seconds = [clock.seconds(it, 0.5 * it) for it in range(100)]  # rank 0 trains 0.5 s a step
+    assert len(reads) == 1 + 9  # the start, then steps 10, 20, ... 90
+    assert seconds[:10] == [0.0] * 10  # nothing measured yet: the first interval counts from the start
+    assert seconds[25] == pytest.approx(12.5) and seconds[99] == pytest.approx(49.5)
+    alone = train_module.BudgetClock(SimpleNamespace(cfg=cfg, procs=SimpleNamespace(distributed=False), start_iter=0),
+                                     0.0)
+    assert alone.seconds(7, 3.3) == 3.3  # one process reads its own clock, no collective
