@@ -45,6 +45,12 @@ class Processes:
             tensor /= self.world_size
         return tensor
 
+    def max_(self, tensor):
+        """tensor, in place, the largest of every process's (itself when alone): read on the device, no host wait."""
+        if self.distributed:
+            dist.all_reduce(tensor, dist.ReduceOp.MAX)
+        return tensor
+
     def max(self, value):
         """The largest of every process's int (a signal number, 0 for none), so all stop at the same step."""
         if not self.distributed:
@@ -78,18 +84,19 @@ def shard(model, parallel, procs, dtype=None):
     """With parallel=fsdp and several processes, FSDP2 (fully_shard) in place: each block, then the root (embeddings,
     head, final norm; all of an RNN), keeps 1/world_size of its parameters and gathers the rest only while it runs
     forward or backward. Build the optimizer after it, over the shards. Otherwise the model as it is. dtype: the
-    run's autocast dtype (None: fp32); under bf16 the parameters are gathered in bf16 and the gradients reduced in
-    fp32, while the shards, and so the optimizer, stay fp32."""
+    run's autocast dtype (None: fp32); under bf16 the blocks' parameters are gathered in bf16 and the gradients reduced
+    in fp32, while the shards, and so the optimizer, stay fp32. The root stays fp32, so the embedding's output, the
+    residual stream, is fp32 as in one process (tests/test_distributed.py)."""
     if parallel != "fsdp" or not procs.distributed:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    # autocast computes in bf16 anyway, so bf16 gathers halve the traffic; fp32 reductions keep the gradients' sums
-    # exact enough to step with (FSDP2's recommended policy)
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # autocast computes the blocks' matmuls in bf16 anyway, so bf16 gathers halve their traffic; fp32 reductions keep
+    # the gradients' sums exact enough to step with (FSDP2's recommended policy); inputs uncast: the residual stays fp32
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
     policy = bf16 if dtype == torch.bfloat16 else MixedPrecisionPolicy()
     for block in model.transformer.h if isinstance(model, GPT) else []:
         fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    fully_shard(model, mp_policy=MixedPrecisionPolicy())
     return model
 
 

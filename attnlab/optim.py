@@ -197,13 +197,14 @@ class Optimizers:
 
 
 def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(), scaler=None, all_mean=None,
-               frozen=None):
+               frozen=None, all_max=None):
     """One optimizer step over the micro-batches [(x, y), ...]: their gradients add up to those of the mean loss (a
     DDP or FSDP model syncs them on the last micro-batch only); then clip the gradient norm (of DTensors under FSDP)
     to grad_clip (0: no clipping) and step, unless the loss is not finite or frozen (a device bool) is True: that
     step is skipped on the device and its gradients dropped. all_mean(loss) averages the loss across processes, so
-    every process skips alike. Returns the loss as a 0-d tensor on the device: reading it here would make the CPU
-    wait for the device at every step, so the caller reads it when it logs."""
+    every process skips alike; all_max(flag) does the same for fp16's overflow flags (scaled_step). Returns the loss
+    as a 0-d tensor on the device: reading it here would make the CPU wait for the device at every step, so the
+    caller reads it when it logs."""
     scaler = scaler or torch.amp.GradScaler(enabled=False)
     step_loss = torch.zeros((), device=batches[0][0].device)
     for i, (x, y) in enumerate(batches):
@@ -222,17 +223,28 @@ def train_step(model, optimizer, batches, grad_clip=0.0, autocast=nullcontext(),
         skip |= frozen
     if scaler.is_enabled():  # fp16: GradScaler reads its overflow flag on the host at every step anyway
         if not skip.item():
-            if grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
+            scaled_step(model, optimizer, scaler, grad_clip, all_max)
     else:
         if grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         step_unless(optimizer, skip)
     optimizer.zero_grad(set_to_none=True)
     return step_loss
+
+
+def scaled_step(model, optimizer, scaler, grad_clip=0.0, all_max=None):
+    """GradScaler's step: unscale, clip, step unless a gradient overflowed, update the scale. Each process finds
+    overflows in its own gradients (its shards under FSDP2); all_max makes the flags every process's largest, so all
+    skip together: one that skipped alone would leave the others waiting in Muon's all-to-all."""
+    scaler.unscale_(optimizer)
+    if all_max is not None:
+        # the flags GradScaler.step and update read; torch's ShardedGradScaler reduces the same ones
+        for found_inf in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+            all_max(found_inf)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def step_unless(optimizer, skip):

@@ -205,19 +205,38 @@ def test_a_muon_step_takes_one_or_two_collectives_per_shape_not_a_dozen_per_matr
 
 
 @pytest.mark.parametrize("dtype, gathered", [(torch.bfloat16, torch.bfloat16), (None, torch.float32)])
-def test_fsdp_gathers_bf16_parameters_and_reduces_fp32_gradients_in_a_bf16_run_only(dtype, gathered):
+def test_fsdp_gathers_the_blocks_bf16_parameters_and_reduces_fp32_gradients_in_a_bf16_run_only(dtype, gathered):
     with fake_processes(2) as procs:
         model = shard(build_model(GPT2_SHAPED), "fsdp", procs, dtype)
-        modules = [*model.transformer.h, model]
-        policies = {m._get_fsdp_state()._mp_policy for m in modules}  # FSDP2 keeps no public record of it
-        for m in modules:
+        blocks = list(model.transformer.h)
+        policies = {m._get_fsdp_state()._mp_policy for m in blocks}  # FSDP2 keeps no public record of it
+        root = model._get_fsdp_state()._mp_policy
+        for m in [*blocks, model]:
             m.unshard()
-        assert {p.dtype for p in model.parameters()} == {gathered}  # the whole parameters forward and backward see
-        for m in modules:
+        assert {p.dtype for b in blocks for p in b.parameters()} == {gathered}  # what forward and backward see
+        assert model.transformer.wte.weight.dtype == torch.float32  # the root (embeddings, head) stays fp32
+        for m in [*blocks, model]:
             m.reshard()
         assert {p.dtype for p in model.parameters()} == {torch.float32}  # the shards the optimizer steps
     reduced = torch.float32 if dtype == torch.bfloat16 else None  # None: in the parameters' dtype, fp32
     assert [(p.param_dtype, p.reduce_dtype) for p in policies] == [(dtype, reduced)]
+    assert (root.param_dtype, root.reduce_dtype) == (None, None)
+
+
+def test_under_fsdp_in_bf16_the_residual_stream_is_fp32_as_in_one_process():
+    """The embedding's output is the residual stream each block adds to: FSDP2 casting the root's parameters or the
+    blocks' inputs to bf16 would train the same config in other numerics than one process or DDP."""
+    def residual_dtypes(model):
+        seen = []
+        for block in model.transformer.h:
+            block.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+        with torch.autocast("cpu", torch.bfloat16):
+            model(torch.zeros(2, 8, dtype=torch.long))
+        return seen
+    one = residual_dtypes(build_model(GPT2_SHAPED))
+    with fake_processes(2) as procs:
+        sharded = residual_dtypes(shard(build_model(GPT2_SHAPED), "fsdp", procs, torch.bfloat16))
+    assert one == sharded == [torch.float32] * 3
 
 
 # Observed 0 (gloo, CPU): every process orthogonalises whole matrices, as one process does. A matrix orthogonalised in
@@ -234,3 +253,12 @@ def test_muon_under_ddp_and_fsdp_on_two_processes_steps_as_one_process(tmp_path)
             for kind in ("weights", "buffers"):
                 difference = max((a - b).abs().max().item() for a, b in zip(results[parallel][kind], one[kind]))
                 assert difference <= MUON_SHARE_TOLERANCE, (rank, parallel, kind)
+
+
+def test_fp16_skips_on_every_rank_when_one_ranks_gradients_overflow(tmp_path):
+    """A rank that skipped alone would leave the others waiting in Muon's collectives: torchrun's timeout is the hang
+    this guards against, and both ranks must skip and halve the scale alike."""
+    torchrun("-m", "tests.overflow_driver", str(tmp_path))
+    for rank in (0, 1):
+        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert results == {"ddp": (False, 512.0), "fsdp": (False, 512.0)}, rank
