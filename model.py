@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab.loss import chunked_lm_loss, chunks_pay, compute_dtype
+
 
 @dataclass
 class GPTConfig:
@@ -81,83 +83,6 @@ def lm_loss(logits, targets, attention_mask=None):
         targets = targets.masked_fill(~attention_mask.bool(), -1)
     logits = logits.float().view(-1, logits.size(-1))  # (B·T, vocab)
     return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1)
-
-
-# From this vocabulary on, a CPU training step's loss is computed in chunks of rows (linear_cross_entropy_chunks): in
-# host memory the fp32 (B·T, vocab) tensors of the plain path cost more in page faults than the chunks' extra passes
-CHUNKED_LOSS_VOCAB = 8192
-CHUNK_LOGITS = 2 ** 21  # logits per chunk (rows x vocab), 8 MB in fp32: small enough for malloc to reuse, not remap
-# On a GPU the plain loss (fused by torch.compile) is several times faster; chunks only from this size of its fp32
-# logits on (GPT-2's 16 x 1024 x 50,304 are 3.3 GB): a constant, so that a compiled forward traces no device query
-CHUNKED_LOSS_GPU_BYTES = 2 ** 33
-
-
-def chunks_pay(device, rows, vocab_size):
-    """Whether a training step's loss over rows x vocab_size logits on device is computed in chunks of rows."""
-    if vocab_size < CHUNKED_LOSS_VOCAB:
-        return False
-    if device.type == "cpu":
-        return True
-    if device.type == "cuda":
-        return rows * vocab_size * 4 >= CHUNKED_LOSS_GPU_BYTES
-    return False  # mps, meta: the plain path
-
-
-@torch.library.custom_op("attnlab::linear_cross_entropy_chunks", mutates_args=())
-def linear_cross_entropy_chunks(h: torch.Tensor, weight: torch.Tensor,
-                                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The summed cross-entropy of the logits h @ weightᵀ against targets (-1 ignored), without ever holding all of
-    them: each chunk of rows makes its logits, its loss and its gradients, then frees the logits (as Liger-Kernel's
-    fused linear cross-entropy). Returns (the sum, its gradients for h and weight, the count of real targets). An
-    operator of its own, so torch.compile keeps it as one node instead of unrolling the loop."""
-    # h (N, C) in the compute dtype, weight (V, C), targets (N,)
-    w = weight.to(h.dtype)  # as autocast casts a linear layer's weight
-    rows = max(1, CHUNK_LOGITS // weight.size(0))
-    loss = torch.zeros((), device=h.device)
-    grad_h = torch.empty_like(h)  # (N, C) kept in h's dtype per row: 1/count of it would underflow in fp16
-    grad_w = torch.zeros(weight.shape, device=h.device)  # (V, C), fp32 for the sum over chunks
-    for start in range(0, h.size(0), rows):
-        h_chunk = h[start:start + rows]  # (n, C)
-        t_chunk = targets[start:start + rows]  # (n,)
-        real = t_chunk != -1  # (n,)
-        safe = t_chunk.clamp(min=0)  # (n,) an index for every row; ignored rows are zeroed below
-        logits = (h_chunk @ w.T).float()  # (n, V)
-        lse = logits.logsumexp(-1)  # (n,)
-        loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * real).sum()
-        probs = logits.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place of the logits
-        probs[torch.arange(probs.size(0), device=h.device), safe] -= 1.0  # d(loss)/d(logits): softmax - onehot
-        probs *= real[:, None]  # ignored rows take no gradient
-        grad_h[start:start + rows] = probs.to(h.dtype) @ w  # (n, C)
-        grad_w.addmm_(probs.T, h_chunk.float())  # (V, C)
-    return loss, grad_h, grad_w, (targets != -1).sum()
-
-
-@linear_cross_entropy_chunks.register_fake
-def _(h, weight, targets):  # the outputs' shapes, for torch.compile and the meta device
-    return h.new_empty(()).float(), torch.empty_like(h), weight.new_empty(weight.shape).float(), targets.new_empty(())
-
-
-def _save_gradients(ctx, inputs, output):
-    _, grad_h, grad_w, _ = output
-    ctx.save_for_backward(grad_h, grad_w)
-    ctx.weight_dtype = inputs[1].dtype
-
-
-def _scale_gradients(ctx, grad_loss, *_):
-    grad_h, grad_w = ctx.saved_tensors
-    return (grad_h.float() * grad_loss).to(grad_h.dtype), (grad_w * grad_loss).to(ctx.weight_dtype), None
-
-
-# backward scales the gradients the forward computed by the sum's gradient (1/count, times a GradScaler's scale)
-linear_cross_entropy_chunks.register_autograd(_scale_gradients, setup_context=_save_gradients)
-
-
-def chunked_lm_loss(h, weight, targets, attention_mask=None):
-    """lm_loss of the logits h @ weightᵀ, h (B, T, C), in chunks of rows: for a large vocabulary's training step."""
-    if attention_mask is not None:
-        targets = targets.masked_fill(~attention_mask.bool(), -1)
-    loss, _, _, count = linear_cross_entropy_chunks(h.flatten(0, 1), weight, targets.reshape(-1))
-    return loss / count.clamp(min=1)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -601,8 +526,8 @@ class GPT(nn.Module):
         if last_logits_only:
             x = x[:, -1:]  # (B, 1, C): only the next token's logits
         x = self.transformer.ln_f(x)
-        if self.chunked_loss(x, targets):  # a large vocabulary's CPU training step: no logits
-            return None, chunked_lm_loss(x, self.lm_head.weight, targets, attention_mask)
+        if self.chunked_loss(x, targets):  # a large vocabulary's training step where its logits are best never held
+            return None, chunked_lm_loss(x, self.lm_head.weight, targets, attention_mask, compute_dtype(x))
         logits = self.lm_head(x)  # (B, T, vocab)
         loss = None
         if targets is not None:

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.loss import CHUNK_LOGITS, chunks_pay
 from attnlab.runtime import activation_dtype
-from model import CHUNK_LOGITS, chunks_pay
 
 
 def byte_counts(tokenizer, device):
@@ -56,22 +56,26 @@ class Tally:
 
 # logits in one scored piece: its logits and two log-softmaxes of them (the model's loss, the tally's) live at once,
 # and half a training step's chunk keeps the three where the allocator reuses memory instead of faulting it in anew
-EVAL_LOGITS = CHUNK_LOGITS // 2
+EVAL_LOGITS = {device: logits // 2 for device, logits in CHUNK_LOGITS.items()}
 
 
 def score_batch(model, x, y, tally, amp=nullcontext()):
     """Add windows x (B, T) and their targets y to tally; returns their mean loss, a 0-d tensor. Where a training
-    step's loss would be chunked (model.chunks_pay: a large vocabulary on the CPU), in pieces of at most EVAL_LOGITS
-    logits: a few rows at a time, and a long row a few tokens at a time through the model's cache, so that no piece
-    outgrows the allocator's reuse (the whole (B·T, vocab) logits page-fault in and out at every batch)."""
+    step's loss would be chunked (attnlab.loss.chunks_pay), in pieces of at most EVAL_LOGITS logits: a few rows at a
+    time, and on the CPU a long row a few tokens at a time through the model's cache, so that no piece outgrows the
+    allocator's reuse (the whole (B·T, vocab) logits page-fault in and out at every batch). A GPU splits rows only:
+    whole rows keep one shape for a compiled model and need no cache."""
     vocab_size = tally.byte_counts.numel()
     if not chunks_pay(x.device, x.numel(), vocab_size):
         with amp:
             logits, loss = model(x, y)
         tally.add(logits, y, loss)
         return loss
-    rows = max(1, EVAL_LOGITS // (x.size(1) * vocab_size))
-    tokens = max(1, EVAL_LOGITS // (rows * vocab_size))
+    piece = EVAL_LOGITS["cpu" if x.device.type == "cpu" else "cuda"]
+    rows = max(1, piece // (x.size(1) * vocab_size))
+    tokens = x.size(1)
+    if x.device.type == "cpu":
+        tokens = max(1, piece // (rows * vocab_size))
     total = 0.0
     with amp:
         for x_rows, y_rows in zip(x.split(rows), y.split(rows)):

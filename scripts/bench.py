@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import model as model_module
+from attnlab import loss as loss_module
 from attnlab.config import compose
 from attnlab.decode import generate_stream
 from attnlab.distributed import Processes, wrap
@@ -367,7 +367,7 @@ def vocab_step(loss, batch_size, steps, seed=0):
     (as train.py computes it) or plain (every logit held at once); returns tokens/s, peak resident MiB and the user
     and system CPU seconds per step, from getrusage."""
     if loss == "plain":
-        model_module.CHUNKED_LOSS_VOCAB = 10 ** 9
+        loss_module.CHUNKED_LOSS_VOCAB = 10 ** 9
     torch.manual_seed(seed)
     model = GPT(replace(compose().model, **VOCAB_SHAPE, vocab_size=GPT2_VOCAB))
     optimizer = make_optimizer(model, compose("train.optimizer=adamw").train, torch.device("cpu"))

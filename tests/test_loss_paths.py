@@ -4,11 +4,12 @@ the plain loss's. Shapes on the meta device, precision under fp16 autocast on th
 import pytest
 import torch
 
-import model as model_module
+from attnlab import loss as loss_module
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
+from attnlab.loss import CHUNKED_LOSS_VOCAB, chunks_pay
 from attnlab.scoring import EVAL_LOGITS, Tally, score_batch
-from model import CHUNKED_LOSS_VOCAB, GPT, GPTConfig, chunks_pay
+from model import GPT, GPTConfig
 
 GPT2 = dict(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768)
 ROWS = 16 * 1024  # GPT-2's micro-batch: 16 sequences of 1,024 tokens
@@ -25,6 +26,14 @@ def test_a_gpu_takes_the_plain_loss_unless_its_fp32_logits_reach_8_gib():
     assert not chunks_pay(cuda, ROWS, 50304) and not chunks_pay(cuda, 2 * ROWS, 50304)  # 3.3 and 6.6 GB
     assert chunks_pay(cuda, 4 * ROWS, 50304)  # 13 GB
     assert not chunks_pay(torch.device("meta"), 4 * ROWS, 50304) and not chunks_pay(torch.device("mps"), ROWS, 50304)
+
+
+def test_a_chunk_is_sized_for_its_device():
+    """The CPU's 2^21 logits (41 rows of GPT-2's vocabulary) on a GPU would be about 1,200 Python iterations a
+    micro-step at batch 64, each re-reading the head: a GPU takes chunks of 2^27 logits."""
+    assert loss_module.chunk_rows("cpu", 50304) == 41 and loss_module.chunk_rows("cuda", 50304) == 2668
+    assert -(-64 * 1024 // loss_module.chunk_rows("cuda", 50304)) == 25  # chunks a micro-step at batch 64
+    assert loss_module.chunk_rows("cpu", 10 ** 9) == 1
 
 
 def training_graph(model, x, y):
@@ -77,7 +86,7 @@ def test_fp16_gradients_through_the_chunked_loss_are_as_accurate_as_the_plain_on
     x = torch.randint(0, config.vocab_size, (64, 128))
     y = torch.randint(0, config.vocab_size, (64, 128))
     chunked = fp16_gradient_error(model, reference, x, y)  # the CPU's path for this vocabulary
-    monkeypatch.setattr(model_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
+    monkeypatch.setattr(loss_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
     plain = fp16_gradient_error(model, reference, x, y)
     assert plain < 5e-3 and chunked <= 2 * plain, (chunked, plain)
 
@@ -98,7 +107,7 @@ def test_evaluation_scores_a_large_vocabulary_in_small_pieces_to_the_same_figure
         loss = score_batch(model, x, y, split)
         logits, reference = model(x, y)
     whole.add(logits, y, reference)
-    assert max(b * t for b, t in pieces[:-1]) * CHUNKED_LOSS_VOCAB <= EVAL_LOGITS  # the reference's call is last
+    assert max(b * t for b, t in pieces[:-1]) * CHUNKED_LOSS_VOCAB <= EVAL_LOGITS["cpu"]  # the reference's call is last
     assert len(pieces) > 2
     assert loss.item() == pytest.approx(reference.item(), abs=1e-5)
     assert split.loss == pytest.approx(whole.loss, abs=1e-5)
@@ -130,3 +139,27 @@ def test_evaluation_in_pieces_under_bf16_autocast_keeps_its_cache_in_bf16_and_sc
         reference = model(x, y)[1]  # fp32, whole
     assert caches and all(c.k.dtype == torch.bfloat16 for c in caches)
     assert loss.item() == pytest.approx(reference.item(), abs=0.02)  # bf16's rounding, not another score
+
+
+@pytest.mark.slow  # aot_eager traces forward and backward: a few seconds
+def test_the_chunked_loss_computes_in_autocasts_dtype_eager_and_compiled_alike():
+    """Compiled graphs run with autocast off (AOTAutograd): the operator takes its compute dtype as an argument, so
+    under bf16 autocast the compiled step computes the head in bf16 as eager does, not in fp32."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=CHUNKED_LOSS_VOCAB, block_size=32, n_layer=1, n_head=2, n_embd=64))
+    x, y = torch.randint(0, CHUNKED_LOSS_VOCAB, (2, 4, 32))
+    def loss_and_grad(fn, dtype):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            logits, loss = fn(x, y)
+        loss.backward()
+        assert logits is None  # the chunked path
+        return loss.item(), model.lm_head.weight.grad.clone()
+    eager, eager_grad = loss_and_grad(model, torch.bfloat16)
+    torch._dynamo.reset()
+    compiled, compiled_grad = loss_and_grad(torch.compile(model, backend="aot_eager"), torch.bfloat16)
+    fp32, fp32_grad = loss_and_grad(model, torch.float32)
+    def off(a, b):
+        return ((a - b).norm() / b.norm()).item()
+    assert abs(compiled - eager) <= 1e-6 and off(compiled_grad, eager_grad) <= 1e-6
+    assert off(fp32_grad, eager_grad) > 1e-3  # bf16's matmuls, which a compiled fp32 head would not reproduce

@@ -4,15 +4,14 @@ import math
 import pytest
 import torch
 
-import model as model_module
+from attnlab import loss as loss_module
+from attnlab.loss import CHUNKED_LOSS_VOCAB, chunked_lm_loss
 from model import (
-    CHUNKED_LOSS_VOCAB,
     GPT,
     GPTConfig,
     KVCache,
     RMSNorm,
     apply_rope,
-    chunked_lm_loss,
     lm_loss,
     rope_tables,
 )
@@ -347,7 +346,7 @@ def test_a_large_vocabulary_trains_on_the_chunked_loss_to_the_same_gradients(mon
     chunked = torch.autograd.grad(loss, list(model.parameters()))
     with torch.no_grad():
         assert model(x, y)[0].shape == (2, 16, config.vocab_size)  # evaluation still gets them
-    monkeypatch.setattr(model_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
+    monkeypatch.setattr(loss_module, "CHUNKED_LOSS_VOCAB", 10 ** 9)  # the plain path, for reference
     logits, plain_loss = model(x, y)
     assert logits is not None and torch.allclose(loss, plain_loss, atol=1e-6)
     plain = torch.autograd.grad(plain_loss, list(model.parameters()))
