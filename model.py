@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from attnlab.decode import generate
 from attnlab.loss import chunked_lm_loss, chunks_pay, compute_dtype
 
 
@@ -472,6 +473,12 @@ class GPT(nn.Module):
     def context_window(self):
         """The most tokens one forward pass reads: decoding slides its window within this."""
         return self.config.block_size
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
+        """idx (B, T) followed by max_new_tokens sampled tokens (attnlab.decode.generate: top_p, stop_tokens,
+        generator, attention_mask and kv_cache too), as nanoGPT's GPT.generate is called."""
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, **kwargs)
 
     def new_cache(self, batch_size, device, dtype):
         """An empty KV cache for batch_size sequences of up to context_window tokens."""

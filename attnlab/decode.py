@@ -1,6 +1,7 @@
 """Decoding: one loop that generates from any model with the language-model interface (model.GPT, rnn.RNN).
 
     for token in generate_stream(model, prompt_ids, 200, temperature=0.8, top_k=50): ...   # one (B,) tensor per step
+    out = model.generate(prompt_ids, 200, temperature=0.8, top_k=50)   # (B, T + 200), as nanoGPT's generate
 
 Sampling policy (temperature, top-k, top-p, stop tokens, left padding) and the context-overflow policy live here;
 the models only compute logits, and keep a cache or state between calls.
@@ -56,6 +57,13 @@ def refill_start(end, window, cache):
     if cache is not None and cache.length == window:
         keep = window // 2
     return max(0, end - keep)
+
+
+def generate(model, idx, max_new_tokens, **kwargs):
+    """The prompts idx (B, T) followed by max_new_tokens tokens, (B, T + max_new_tokens): generate_stream's tokens
+    (the same keyword arguments) gathered, as nanoGPT's model.generate returns them."""
+    new = list(generate_stream(model, idx, max_new_tokens, **kwargs))
+    return torch.cat([idx] + [token[:, None] for token in new], dim=1)
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all: cheaper per operation than no_grad

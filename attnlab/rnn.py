@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnlab.decode import generate
 from attnlab.runtime import native_bf16
 from model import RMSNorm, lm_loss, require
 
@@ -188,6 +189,12 @@ class RNN(nn.Module):
         return 6 * (self.num_params(embeddings=False) + head)
 
     context_window = None  # no limit: the state carries any length of context
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, **kwargs):
+        """idx (B, T) followed by max_new_tokens sampled tokens (attnlab.decode.generate: top_p, stop_tokens,
+        generator, attention_mask and kv_cache too), as nanoGPT's GPT.generate is called."""
+        return generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, **kwargs)
 
     def new_cache(self, batch_size, device, dtype):
         return RNNState()

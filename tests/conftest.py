@@ -19,7 +19,6 @@ import torch  # noqa: E402
 
 from attnlab.cli import run_cli  # noqa: E402
 from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
-from attnlab.decode import generate_stream  # noqa: E402
 from train import train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,13 +79,6 @@ def run_in_process(command, *args):
         except SystemExit as e:
             code = e.code
     return code, out.getvalue(), err.getvalue()
-
-
-def generate(model, idx, max_new_tokens, **kwargs):
-    """The prompts idx (B, T) followed by up to max_new_tokens tokens, from attnlab.decode.generate_stream (the same
-    arguments): the whole sequence at once, which the decoding tests compare."""
-    new = list(generate_stream(model, idx, max_new_tokens, **kwargs))
-    return torch.cat([idx] + [t[:, None] for t in new], dim=1)
 
 
 def tiny_config(tmp_path, **train_kw):

@@ -4,11 +4,10 @@ import re
 
 import pytest
 import torch
-from conftest import generate
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
-from attnlab.decode import sample_token
+from attnlab.decode import generate, sample_token
 
 MODELS = ["gpt", "lstm", "gru"]
 VOCAB, W = 37, 16  # W: the GPT's block_size, its context window
@@ -39,7 +38,7 @@ def test_greedy_is_the_same_with_and_without_the_cache(type):
     model, prompt = tiny(type), prompts(2, 5)
     # the GPT within one window (its last step reads W tokens); an RNN has no window, so past block_size too
     new = W - 5 + 1 if type == "gpt" else 2 * W
-    cached = generate(model, prompt, new, temperature=0)
+    cached = model.generate(prompt, new, temperature=0)  # as nanoGPT's users call it
     assert cached.shape == (2, 5 + new) and torch.equal(cached[:, :5], prompt)
     assert len(set(cached[0, 5:].tolist())) > 3  # varied tokens, so that every step is checked
     assert torch.equal(cached, generate(model, prompt, new, temperature=0, kv_cache=False))
@@ -145,7 +144,7 @@ def reference_greedy(model, prompt, max_new_tokens, kv_cache):
 @pytest.mark.parametrize("prompt_len", [5, W + 4])  # a prompt shorter and one longer than the window
 def test_decoding_past_the_window_follows_the_documented_policy(prompt_len):
     model, prompt, new = tiny("gpt"), prompts(2, prompt_len), 3 * W + 5
-    cached = generate(model, prompt, new, temperature=0)
+    cached = model.generate(prompt, new, temperature=0)  # as nanoGPT's users call it
     recomputed = generate(model, prompt, new, temperature=0, kv_cache=False)
     assert torch.equal(cached, reference_greedy(model, prompt, new, kv_cache=True))
     assert torch.equal(recomputed, reference_greedy(model, prompt, new, kv_cache=False))

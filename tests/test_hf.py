@@ -9,10 +9,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import SHARED_DATA, generate, run_in_process, tiny_config  # noqa: E402
+from conftest import SHARED_DATA, run_in_process, tiny_config  # noqa: E402
 
 from attnlab.checkpoint import build_model, load_checkpoint, load_model, save_checkpoint  # noqa: E402
 from attnlab.config import ExportConfig, ModelConfig, SampleConfig  # noqa: E402
+from attnlab.decode import generate  # noqa: E402
 from attnlab.hf import GPT2_ARCH, from_hf, gpt2_config_problems, hf_tokenizer, to_hf  # noqa: E402
 from data.tokenizers import GPT2_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import compose, generate, tiny_config
+from conftest import compose, tiny_config
 
 from attnlab import rnn
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig, SampleConfig, TrainConfig
+from attnlab.decode import generate
 from attnlab.optim import make_optimizer
 from attnlab.rnn import RNN, RNNConfig, RNNState, mingru_params
 from sample import sample

@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY, compose, generate, tiny_config
+from conftest import TINY, compose, tiny_config
 
+from attnlab.decode import generate
 from model import GPT, GPTConfig, apply_rope, banded_attention, rope_tables
 from train import train
 
