@@ -9,6 +9,7 @@ and exit status 2.
     if __name__ == "__main__":
         run_cli(main)
 """
+import argparse
 import functools
 import os
 import re
@@ -50,7 +51,7 @@ def one_line_errors(task):
         try:
             return task(*args, **kwargs)
         except (ValueError, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # one line, whatever raised it
             sys.exit(2)
     return run
 
@@ -68,3 +69,14 @@ def hydra_error_line(e, help_script):
     if isinstance(e.__cause__, OmegaConfBaseException):
         message += f": {str(e.__cause__).splitlines()[0]}"
     return f"{message}; python {help_script} --help lists every key, its default and the presets"
+
+
+def at_least(low, kind=int):
+    """An argparse type: a number of kind that is at least low, or the command's usage error naming the bound."""
+    def parse(text):
+        value = kind(text)
+        if not value >= low:  # written so that nan fails too
+            raise argparse.ArgumentTypeError(f"{text} is below {low}; pass a number >= {low}")
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its message for a value that does not parse
+    return parse

@@ -108,12 +108,19 @@ class TrainConfig(RuntimeConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate"):
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate", "muon_lr"):
             if not getattr(self, name) > 0:  # written so that nan fails too
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
-        for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval"):
+        for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval",
+                     "weight_decay", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        for name in ("beta1", "beta2", "muon_momentum"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be in [0, 1), e.g. 0.9")
+        if self.min_lr > self.learning_rate:
+            raise ValueError(f"train.min_lr={self.min_lr:g} is above train.learning_rate={self.learning_rate:g}, the "
+                             f"peak it decays from; lower min_lr")
         choices = dict(optimizer=("adamw", "muon"), final_eval=("estimate", "full"), parallel=("ddp", "fsdp"))
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -92,6 +92,10 @@ def start_wandb(cfg, out_dir, wandb_id):
                           name=logger.wandb_run_name or os.environ.get("WANDB_NAME") or out_dir.name,
                           group=logger.wandb_group, mode=logger.wandb_mode, dir=wandb_dir, config=asdict(cfg),
                           id=wandb_id, resume="allow")
+    except ValueError as e:  # wandb's settings, validated by pydantic: a WANDB_* variable or a logger key it refuses
+        fields = [line.strip() for line in str(e).splitlines()[1:3]]
+        raise ValueError(f"wandb refused its settings ({': '.join(fields)}); fix that WANDB_* environment variable or "
+                         f"logger.wandb_* key, or set logger.wandb=false") from e
     except wandb.errors.Error as e:
         reason = (str(e) or type(e).__name__).splitlines()[0]
         raise ValueError(f"wandb could not start a run ({reason}), so nothing was trained or recorded in {out_dir}; "

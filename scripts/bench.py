@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlab import loss as loss_module
+from attnlab.cli import at_least
 from attnlab.config import compose
 from attnlab.decode import generate_stream
 from attnlab.distributed import Processes, wrap
@@ -678,14 +679,15 @@ def main(argv=None):
                         help="tiny sizes and one round, to check the script runs")
     parser.add_argument("--device", help="cpu | cuda | cuda:1 ... (default: cuda for the gpu section without "
                         "--smoke, else cpu)")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch CPU threads; 0 keeps torch's default")
     parser.add_argument("--levers", type=lambda v: v.split(","), help="ablation: only the levers whose names "
                         "contain one of these comma-separated words (e.g. momentum,bf16), beside the full recipe")
     parser.add_argument("--data-path", help="tiny Shakespeare's text for speedrun and ablation (else it downloads)")
     parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
-    parser.add_argument("--prepare-mb", type=float, default=256, help="prepare's corpus size in MB")
-    parser.add_argument("--prepare-rounds", type=int, help="prepare's rounds (default 2, or 1 with --quick)")
-    parser.add_argument("--deadline-s", type=float, default=270, help="gpu: wall-clock seconds for the whole "
+    parser.add_argument("--prepare-mb", type=at_least(0.001, float), default=256, help="prepare's corpus size in MB")
+    parser.add_argument("--prepare-rounds", type=at_least(1), help="prepare's rounds (default 2, or 1 with --quick)")
+    parser.add_argument("--deadline-s", type=at_least(1, float), default=270,
+                        help="gpu: wall-clock seconds for the whole "
                         "check; a part that would not fit in what is left is skipped and says so (default 270)")
     parser.add_argument("--out", default="gpu_check.json", help="gpu: where its JSON goes (default gpu_check.json)")
     parser.add_argument("--prepare-workers", type=lambda v: [int(n) for n in v.split(",")], default=[1, 2],

@@ -55,6 +55,10 @@ CASES = {
                            "model.type='transformer' is unknown; use one of gpt, lstm, gru"),
     "negative learning rate": ("train.py", "train.learning_rate=-1", "train.learning_rate=-1.0 must be positive"),
     "batch_size 0": ("train.py", "train.batch_size=0", "train.batch_size=0 must be positive"),
+    "negative muon_lr": ("train.py", "train.muon_lr=-0.02", "train.muon_lr=-0.02 must be positive"),
+    "min_lr above the peak": ("train.py", "train.min_lr=0.1", "is above train.learning_rate=0.002"),
+    "beta2 of 1": ("train.py", "train.beta2=1", "train.beta2=1.0 must be in [0, 1)"),
+    "negative weight decay": ("train.py", "train.weight_decay=-0.1", "train.weight_decay=-0.1 must be >= 0"),
     "log_interval 0": ("train.py", "logger.log_interval=0", "logger.log_interval=0 must be positive"),
     "unknown device": ("train.py", "train.device=tpu", "use auto, cpu, cuda, cuda:N or mps"),
     "block_size longer than the corpus": ("train.py", "model.block_size=100000",
@@ -109,6 +113,11 @@ CASES = {
 # one case per command in a real process too: its exit status and all it writes to stderr (a stray warning, a
 # traceback from teardown), the command line's own sys.argv and help_script
 IN_A_PROCESS = ["unknown key", "sample a checkpoint that runs code", "evaluate: unknown key", "prepare: unknown key"]
+# the argparse commands' numbers: a usage line naming the bound, exit status 2
+ARGPARSE_CASES = {"report --threads -1": ("scripts.report", "--threads", "-1", "--threads: -1 is below 0"),
+                  "report --jobs 0": ("scripts.report", "--jobs", "0", "--jobs: 0 is below 1"),
+                  "bench --deadline-s 0": ("scripts.bench", "--deadline-s", "0", "--deadline-s: 0 is below 1"),
+                  "gpu --deadline-s nan": ("scripts.report.gpu", "--deadline-s", "nan", "--deadline-s: nan is below 1")}
 
 
 def arguments(case, root, data):
@@ -163,3 +172,15 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(tmp_path
     with pytest.raises(ValueError, match=refused):
         sample(SampleConfig(out_dir=str(hostile), device="cpu"))
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("case", ARGPARSE_CASES)
+def test_a_secondary_commands_number_out_of_range_is_its_usage_error(case, monkeypatch, capsys):
+    import importlib
+    module, *args, fix = ARGPARSE_CASES[case]
+    main = importlib.import_module(module if module != "scripts.report" else "scripts.report.__main__").main
+    monkeypatch.setattr("sys.argv", [module, *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and fix in err.splitlines()[-1] and "Traceback" not in err

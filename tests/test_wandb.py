@@ -77,6 +77,13 @@ def test_a_refused_login_is_one_line_and_records_nothing(tmp_path, monkeypatch, 
     assert not any((out_dir / name).exists() for name in ("status.json", "config.json", "metrics.jsonl", "ckpt.pt"))
 
 
+def test_settings_wandb_refuses_are_one_line_naming_the_key(tmp_path, monkeypatch, wandb_env):
+    monkeypatch.setenv("WANDB_MODE", "bogus")  # wandb validates its settings with pydantic: a multi-line error
+    code, err, out_dir = train_with_wandb(tmp_path)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: wandb refused its settings (mode: Input should be") and "logger.wandb=false" in err
+
+
 def init_arguments(monkeypatch, cfg):
     """The keyword arguments start_wandb gives wandb.init, through a stand-in wandb module."""
     calls = []

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from attnlab.cli import at_least
 from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context, exp_lm
@@ -181,15 +182,13 @@ def main():
     parser.add_argument("--out", help="where figures and tables go (default: scripts/report/results/quick, with --full "
                         "scripts/report/results/full; with --only out/report/quick or out/report/full)")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu) | cpu | cuda")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for PyTorch; 0 keeps its default")
-    parser.add_argument("--jobs", type=int, default=1, help="parts run at a time, each on threads/jobs "
+    parser.add_argument("--threads", type=at_least(0), default=0, help="CPU threads for PyTorch; 0 keeps its default")
+    parser.add_argument("--jobs", type=at_least(1), default=1, help="parts run at a time, each on threads/jobs "
                         "threads (the timed parts always run alone): small models train faster side by side")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(PARTS)
     if unknown := set(names) - set(PARTS):
         parser.error(f"unknown experiment(s) {', '.join(sorted(unknown))}; pick from {', '.join(PARTS)}")
-    if args.jobs < 1:
-        parser.error(f"--jobs {args.jobs}: pass 1 or more")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:

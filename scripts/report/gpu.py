@@ -34,6 +34,7 @@ import matplotlib
 import torch
 
 from attnlab.checkpoint import build_model
+from attnlab.cli import at_least
 from attnlab.config import ModelConfig, compose
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
@@ -251,7 +252,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out/report/gpu", help="where results.json, results.csv and gpu.png go")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds: the code path only")
-    parser.add_argument("--deadline-s", type=float, default=450, help="wall-clock seconds for everything; a part "
+    parser.add_argument("--deadline-s", type=at_least(1, float), default=450,
+                        help="wall-clock seconds for everything; a part "
                         "predicted not to finish in what is left is skipped and listed (default 450)")
     parser.add_argument("--data-path", help="a UTF-8 text file for the LM runs (default: the stdlib corpus)")
     args = parser.parse_args(argv)
