@@ -25,14 +25,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from attnlab.checkpoint import TrainingState, build_model, load_checkpoint
+from attnlab.checkpoint import (
+    TrainingState,
+    build_model,
+    check_resumable,
+    checkpoint_to_resume,
+    load_checkpoint,
+    saved_config,
+    saved_model_config,
+)
 from attnlab.cli import one_line_errors, run_cli
-from attnlab.config import CONFIG_DIR, Config, ModelConfig, register_configs
+from attnlab.config import CONFIG_DIR, Config, register_configs, resumed_config
 from attnlab.distributed import Processes, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
-from attnlab.resume import check_resumable, checkpoint_to_resume, resumed_config
 from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
 from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
@@ -63,7 +70,7 @@ def model_config(cfg, meta, ckpt):
     """The model this run trains, and GPT-2's weights when it starts from them: a resumed fine-tune keeps its
     checkpoint's model, init_from takes GPT-2's, else cfg.model sized to the corpus's vocabulary."""
     if cfg.train.init_from and ckpt is not None:
-        return ModelConfig(**ckpt["model_config"]), None
+        return saved_model_config(ckpt), None
     if cfg.train.init_from:
         return pretrained_gpt2(cfg.train.init_from, cfg.model, meta)
     return replace(cfg.model, vocab_size=meta["vocab_size"]), None
@@ -456,7 +463,7 @@ def main(dict_cfg):
     ckpt = None
     if dict_cfg.train.resume and ckpt_path.exists():  # read once: its config here, its state in train()
         ckpt = load_checkpoint(ckpt_path)
-        cfg = resumed_config(dict_cfg, ckpt, hydra_cfg.overrides.task)
+        cfg = resumed_config(dict_cfg, saved_config(ckpt), hydra_cfg.overrides.task)
     else:
         cfg = OmegaConf.to_object(dict_cfg)
     try:

@@ -2,7 +2,8 @@
 
 What a checkpoint holds is TrainingState's to say: its fields, and what save() writes beside them (the model config,
 the whole run config, the corpus's meta.json, the RNG states); FORMAT numbers that layout. train.py writes them;
-sample.py, scripts/export.py and scripts/report read them.
+sample.py, scripts/export.py and scripts/report read them. Whether a run may resume from one is decided here too
+(checkpoint_to_resume, check_resumable); what a resumed run's config may change is config.py's (resume_config).
 """
 import math
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config import ModelConfig
+from attnlab.config import Config, ModelConfig
 from attnlab.distributed import full_state_dicts, load_full_state_dicts
 from attnlab.rnn import RNN
 from model import GPT
@@ -115,6 +116,43 @@ def check_same_model(saved: dict, current: ModelConfig, out_dir):
     if differ:
         raise ValueError(f"checkpoint in {out_dir} was trained with another model (saved vs now): "
                          f"{', '.join(differ)}; drop those overrides or use a new out_dir")
+
+
+def checkpoint_to_resume(cfg: Config, ckpt=None):
+    """The checkpoint a run continues (ckpt where the caller read it already), None for a fresh run; refuses to start
+    afresh over a checkpoint."""
+    path = Path(cfg.out_dir) / "ckpt.pt"
+    if path.exists() and not cfg.train.resume:
+        raise ValueError(f"{cfg.out_dir} already holds a checkpoint; pass train.resume=true to continue it, or a new "
+                         f"out_dir=... (nothing is overwritten)")
+    if not cfg.train.resume:
+        return None
+    if not path.exists():
+        raise FileNotFoundError(f"train.resume=true but {path} does not exist; train without resume first")
+    return ckpt if ckpt is not None else load_checkpoint(path)
+
+
+def check_resumable(ckpt, cfg: Config, meta):
+    """Refuse a checkpoint that cannot continue as cfg (its model resolved) on the corpus of meta: another tokenizer,
+    another model, another optimizer."""
+    if ckpt["meta"]["tokenizer"] != meta["tokenizer"]:  # checked first: it explains a vocab_size mismatch
+        raise ValueError(f"checkpoint in {cfg.out_dir} used another tokenizer or vocabulary than data="
+                         f"{cfg.data.name}; resume with the run's original data settings")
+    check_same_model(ckpt["model_config"], cfg.model, cfg.out_dir)
+    saved = saved_config(ckpt).get("train", {}).get("optimizer", cfg.train.optimizer)
+    if saved != cfg.train.optimizer:
+        raise ValueError(f"checkpoint in {cfg.out_dir} was trained with train.optimizer={saved}, not "
+                         f"{cfg.train.optimizer}; resume with train.optimizer={saved}")
+
+
+def saved_model_config(ckpt) -> ModelConfig:
+    """The model a checkpoint was trained with."""
+    return ModelConfig(**ckpt["model_config"])
+
+
+def saved_config(ckpt) -> dict:
+    """The whole run config a checkpoint was trained with, as a dict ({} in files older than that record)."""
+    return ckpt.get("config", {})
 
 
 def load_model(out_dir, which="best", device="cpu"):

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from attnlab.checkpoint import build_model, load_checkpoint
+from attnlab.checkpoint import build_model, load_model
 from attnlab.config import compose
 from attnlab.record import read_metrics
 from data.corpus import load_meta, load_split, prepare
@@ -296,10 +296,7 @@ def halves(data_dir):
 
 def final_model(out, device="cpu"):
     """A run's final weights (ckpt.pt) in eval mode."""
-    ckpt = load_checkpoint(Path(out) / "ckpt.pt")
-    model = build_model(ckpt["model_config"])
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval()
+    return load_model(out, "latest", device)[0]
 
 
 @torch.no_grad()
@@ -403,12 +400,6 @@ def ngram_note(ngram):
     return ("n-gram baselines (counted on the train split) on every token of the test half: " + ", ".join(
         f"{'bigram' if int(n) == 2 else 'trigram'} {loss:.3f} (add-k, k={k:g} chosen on the selection half)"
         for n, (k, loss) in ngram.items()) + " nats")
-
-
-def capped_note(runs):
-    """How many of the runs {setting: [LMRun]} were still improving at the cap."""
-    every = [r for rs in runs.values() for r in rs]
-    return f"{sum(r.improving for r in every)} of {len(every)} runs still improving at the cap"
 
 
 def lm_detail(result):
