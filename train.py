@@ -442,7 +442,6 @@ def train(cfg: Config, clock=time.time, ckpt=None):
                         log_step(run, state, speed, loss=loss, lr=lr)
     finally:  # also when a signal, a non-finite loss or an error ends the loop
         run_log.close(finished)
-    # teardown
     if stop_signal:
         save_for_resume(run, state, stop_signal)
         raise Stopped(stop_signal)

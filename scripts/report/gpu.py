@@ -16,8 +16,8 @@ alike) and after the budget is spent; their curves are train.py's logged trainin
 --out replaces the LM runs' folders and runs every part again. results.json, results.csv and gpu.png are written as
 each part ends.
 
-Not yet run on a GPU: when this was written none was lent, so only --smoke (on a CPU) has run; every output says
-so until GPU_CHECKED below is set, after a first GPU run's numbers have been read.
+Until GPU_CHECKED below is set, after a first GPU run's numbers have been read, every output says that only --smoke
+(on a CPU) has run.
 """
 import argparse
 import csv
