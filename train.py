@@ -276,7 +276,7 @@ def is_log_step(it, run):
     return it % run.cfg.logger.log_interval == 0
 
 
-def evaluate(run, model, state, lr, final):
+def validate(run, model, state, lr, final):
     """Log train and val losses and bits per byte (the whole val split at the end, with final_eval=full); a new best
     saves best.pt. Every process evaluates, since a sharded model's forward needs them all; rank 0's val loss
     decides. Returns the val loss."""
@@ -423,7 +423,7 @@ def train(cfg: Config, clock=time.time, ckpt=None):
                 if evaluating or checkpointing or finished or stop_signal:
                     read_losses(run, state, losses, speed)  # a non-finite loss ends the run here, before any save
                 if evaluating:
-                    val_loss = evaluate(run, eval_model, state, lr=lr, final=finished)
+                    val_loss = validate(run, eval_model, state, lr=lr, final=finished)
                 if checkpointing:
                     state.save(run.ckpt_path, cfg, meta, procs.master)
                 if finished or stop_signal:

@@ -110,13 +110,15 @@ class TrainConfig(RuntimeConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate", "muon_lr"):
+        for name in ("batch_size", "max_iters", "eval_interval", "eval_iters", "learning_rate"):
             if not getattr(self, name) > 0:  # written so that nan fails too
                 raise ValueError(f"train.{name}={getattr(self, name)} must be positive")
         for name in ("min_lr", "tokens_per_step", "time_budget_s", "warmup_iters", "checkpoint_interval",
                      "weight_decay", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if self.optimizer == "muon" and not self.muon_lr > 0:
+            raise ValueError(f"train.muon_lr={self.muon_lr} must be positive")
         for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be in [0, 1), e.g. 0.9")

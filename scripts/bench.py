@@ -77,7 +77,7 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model sh
 # Whole runs of train.py, timed from launch to exit (start-up, data loading, every evaluation and the final one over
 # the whole validation split included), each recipe with its own iteration count
 REFERENCE, LONG_RECIPE = "nanoGPT CPU recipe", "speedrun_cpu_long"
-RECIPES = {REFERENCE: ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
+PRESETS = {REFERENCE: ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
            LONG_RECIPE: ["experiment=speedrun_cpu_long"]}
 # experiment=speedrun_cpu with one lever changed at a time, each run its 300 steps: the loss is then the same on every
 # run of a seed (a time budget would add the machine's noise to it), and a slower step shows in the wall time
@@ -101,7 +101,7 @@ def table(header, rows):
 
 def train_section(args, device, sizes):
     gpt2_batch = 2 if args.quick else 8 if device.type == "cuda" else 1  # GPT-2 at a small batch on the CPU
-    cases = {name: compose(*overrides) for name, overrides in RECIPES.items()}
+    cases = {name: compose(*overrides) for name, overrides in PRESETS.items()}
     cases["GPT-2 124M"] = compose("model=gpt2", f"train.batch_size={gpt2_batch}")
     steps = {}
     for name, cfg in cases.items():
@@ -213,7 +213,7 @@ def generate_section(args, device, sizes):
           [[f"{speed[False]:,.1f}", f"{speed[True]:,.1f}", f"{speed[True] / speed[False]:.1f}x"]])
 
 
-def train_run(overrides, seed, args, sizes):
+def timed_train_py(overrides, seed, args, sizes):
     """One `python train.py` run: (wall seconds from launch to exit, iterations, whole-val loss, seconds trained)."""
     data = [f"data.path={args.data_path}"] if args.data_path else []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
@@ -236,7 +236,7 @@ def alternate_runs(cases, args, sizes, more_overrides=lambda name, runs: []):
     runs = {name: [] for name in cases}
     for seed in range(sizes["seeds"]):
         for name, overrides in cases.items():
-            runs[name].append(train_run([*overrides, *more_overrides(name, runs)], seed, args, sizes))
+            runs[name].append(timed_train_py([*overrides, *more_overrides(name, runs)], seed, args, sizes))
     return runs
 
 
@@ -252,7 +252,7 @@ def long_recipe_budget(name, runs):
 
 
 def speedrun_section(args, device, sizes):
-    runs = alternate_runs(RECIPES, args, sizes, long_recipe_budget)
+    runs = alternate_runs(PRESETS, args, sizes, long_recipe_budget)
     reference = statistics.median(r[0] for r in runs[REFERENCE])
     rows = []
     for name, results in runs.items():
@@ -686,7 +686,7 @@ def main(argv=None):
     parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
     parser.add_argument("--prepare-mb", type=at_least(0.001, float), default=256, help="prepare's corpus size in MB")
     parser.add_argument("--prepare-rounds", type=at_least(1), help="prepare's rounds (default 2, or 1 with --quick)")
-    parser.add_argument("--deadline-s", type=at_least(1, float), default=270,
+    parser.add_argument("--deadline-s", type=at_least(0, float), default=270,
                         help="gpu: wall-clock seconds for the whole "
                         "check; a part that would not fit in what is left is skipped and says so (default 270)")
     parser.add_argument("--out", default="gpu_check.json", help="gpu: where its JSON goes (default gpu_check.json)")

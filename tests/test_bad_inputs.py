@@ -116,8 +116,8 @@ IN_A_PROCESS = ["unknown key", "sample a checkpoint that runs code", "evaluate: 
 # the argparse commands' numbers: a usage line naming the bound, exit status 2
 ARGPARSE_CASES = {"report --threads -1": ("scripts.report", "--threads", "-1", "--threads: -1 is below 0"),
                   "report --jobs 0": ("scripts.report", "--jobs", "0", "--jobs: 0 is below 1"),
-                  "bench --deadline-s 0": ("scripts.bench", "--deadline-s", "0", "--deadline-s: 0 is below 1"),
-                  "gpu --deadline-s nan": ("scripts.report.gpu", "--deadline-s", "nan", "--deadline-s: nan is below 1")}
+                  "bench --deadline-s -5": ("scripts.bench", "--deadline-s", "-5", "--deadline-s: -5 is below 0"),
+                  "gpu --deadline-s nan": ("scripts.report.gpu", "--deadline-s", "nan", "--deadline-s: nan is below 0")}
 
 
 def arguments(case, root, data):

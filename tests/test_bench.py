@@ -18,7 +18,7 @@ def test_quick_bench_prints_every_default_section(capsys):
     for title in ("Training throughput", "Sampling", "Causal attention", "Generation"):
         assert f"### {title}" in out
     assert "### Speedrun" not in out and "### Ablation" not in out  # whole runs only when asked for
-    for name in (*bench.RECIPES, "GPT-2 124M"):
+    for name in (*bench.PRESETS, "GPT-2 124M"):
         assert f"| {name} |" in out
     assert "n/a" in out  # no MFU on the CPU
 
@@ -32,9 +32,9 @@ def test_quick_speedrun_and_ablation_run_every_recipe_and_the_levers_asked_for(t
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     names = [row[0][2:] for row in rows]
-    assert names == ["recipe", *bench.RECIPES, "change", bench.BASE, "AdamW instead of Muon", "no QK-norm"]
+    assert names == ["recipe", *bench.PRESETS, "change", bench.BASE, "AdamW instead of Muon", "no QK-norm"]
     for row in rows:
-        if row[0][2:] in bench.RECIPES:  # iterations as each recipe's quick run asked, a finite whole-val loss
+        if row[0][2:] in bench.PRESETS:  # iterations as each recipe's quick run asked, a finite whole-val loss
             assert row[1] == "2" and 0 < float(row[5]) < 10 and float(row[2]) <= float(row[3])  # trained <= wall
     assert "| nanoGPT CPU recipe | 2 |" in out and "| 100% |" in out  # the reference against itself
 
@@ -64,7 +64,8 @@ def test_the_long_recipe_trains_for_the_references_wall_less_the_short_recipes_s
 
 def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(bench, "train_run", lambda overrides, seed, args, sizes: ran.append(overrides) or (1, 2, 3, 4))
+    monkeypatch.setattr(bench, "timed_train_py",
+                        lambda overrides, seed, args, sizes: ran.append(overrides) or (1, 2, 3, 4))
     bench.main(["--quick", "--only", "ablation", "--levers", "MOMENTUM,evaluation"])
     names = [line.split(" | ")[0][2:] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert names == ["change", bench.BASE, "Muon momentum 0.95 instead of 0.85",

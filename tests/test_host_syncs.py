@@ -44,7 +44,7 @@ def test_the_loop_reads_the_device_at_log_steps_only(tmp_path, monkeypatch, opti
     cfg = tiny_config(tmp_path, max_iters=200, eval_interval=1000, optimizer=optimizer)
     cfg = replace(cfg, logger=replace(cfg.logger, log_interval=1000))
     reads = HostReads(monkeypatch)
-    monkeypatch.setattr(train_module, "evaluate", reads.paused(train_module.evaluate))  # evaluation is not a step
+    monkeypatch.setattr(train_module, "validate", reads.paused(train_module.validate))  # evaluation is not a step
     monkeypatch.setattr(train_module.TrainingState, "save", reads.paused(train_module.TrainingState.save))
     reads.count = 0
     assert train(cfg)["iters"] == 200

@@ -123,15 +123,15 @@ def test_jobs_run_what_others_read_alone_first_then_the_untimed_parts_in_workers
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
     # a part that reads runs where they are not there brings their experiment in, first and alone, so that its
     # rows, grid and verdict are written with the runs (and its time is counted as its own)
-    monkeypatch.setattr(report_cli, "lm_runs", lambda ctx: None)
-    monkeypatch.setattr(report_cli, "sizes_results", lambda ctx: None)
+    monkeypatch.setattr(report_cli, "cached_lm", lambda ctx: None)
+    monkeypatch.setattr(report_cli, "cached_sizes", lambda ctx: None)
     for jobs in (1, 2):
         ran.clear()
         seconds, _ = report_cli.run_parts(ctx, ["context", "text", "scaling"], jobs=jobs)
         assert [n for n, _ in ran] == (["lm", "sizes", "scaling", "context", "text"] if jobs == 2 else
                                        ["scaling", "lm", "sizes", "context", "text"])
         assert set(seconds) == {"lm", "sizes", "scaling", "context", "text"}
-    monkeypatch.setattr(report_cli, "sizes_results", lambda ctx: "the runs")  # there already: not run again
+    monkeypatch.setattr(report_cli, "cached_sizes", lambda ctx: "the runs")  # there already: not run again
     ran.clear()
     assert set(report_cli.run_parts(ctx, ["context"], jobs=2)[0]) == {"context"} and [n for n, _ in ran] == ["context"]
     monkeypatch.setattr(report_cli, "PARTS", {"lm": Part(part("lm"), timed=True),

@@ -30,7 +30,7 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setitem(sizes.BUDGET, "quick", SIZES_TINY)
     monkeypatch.setitem(context.BUDGET, "quick", TINY)
     monkeypatch.setattr(sizes, "TOKENS_PER_PARAM", 0.05)
-    monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
+    monkeypatch.setattr(lm, "run_train_py", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     made, make = [], context.make_optimizer
     monkeypatch.setattr(context, "make_optimizer", lambda model, cfg, dev: made.append(cfg) or make(model, cfg, dev))

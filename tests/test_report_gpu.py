@@ -23,7 +23,7 @@ def smoke_argv(folder, monkeypatch):
     """argv for a --smoke run in folder (data/prepared is a relative path), LM runs of a second, train.py's train()
     in-process rather than a `python train.py` per run (the start-up is most of a smoke run)."""
     monkeypatch.chdir(folder)
-    monkeypatch.setattr(gpu, "train_run", train_in_process)
+    monkeypatch.setattr(gpu, "train_py_exit_code", train_in_process)
     monkeypatch.setitem(gpu.SIZES, "smoke", {**gpu.SIZES["smoke"], "lm_seconds": 1})
     return ["--smoke", "--out", str(folder / "gpu"), "--data-path", str(words_corpus(folder / "corpus.txt"))]
 

@@ -41,7 +41,7 @@ def tiny_report(tmp_path, monkeypatch):
 
 def in_process(monkeypatch):
     """train.py's train in this process, without its loss.png: seconds instead of a start-up per run."""
-    monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))
+    monkeypatch.setattr(lm, "run_train_py", lambda overrides: train(compose(*overrides)))
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
 
 
@@ -159,7 +159,7 @@ def test_equal_time_runs_train_through_train_py_time_budget(tiny_report, monkeyp
     def train_in_process(overrides):
         calls.append(overrides)
         train(compose(*overrides))
-    monkeypatch.setattr(lm, "train_run", train_in_process)
+    monkeypatch.setattr(lm, "run_train_py", train_in_process)
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     result = lm.lm_setup(ctx)
     run = lm.lm_run(ctx, result.plan, "lm", result.models["lstm"], "context=16 time=0.3s", Recipe("muon", 3e-3, 0.02),

@@ -17,7 +17,7 @@ from scripts.report import STATUSES, Context, retrieval, tasks
 from scripts.report.protocol import Recipe
 from scripts.report.retrieval import Point, Speed, induction_verdict, mqar_status, mqar_verdict, speed_status
 from scripts.report.tasks import (
-    Run,
+    TaskRun,
     induction_batch,
     mixed_recall_batch,
     recall_batch,
@@ -140,7 +140,7 @@ def test_rnn_state_bytes_are_its_state_after_any_length(type):
 def scripted_evaluate(monkeypatch, scores):
     """train_synthetic's evaluations return scores[i] = (accuracy, loss) at its i-th evaluation."""
     calls = iter(scores)
-    monkeypatch.setattr(tasks, "evaluate", lambda model, x, y: next(calls))
+    monkeypatch.setattr(tasks, "task_scores", lambda model, x, y: next(calls))
 
 
 TINY = ModelConfig(type="lstm", vocab_size=8, block_size=8, n_layer=1, n_embd=8)
@@ -212,10 +212,10 @@ def test_gpt_learns_recall_in_a_short_seeded_run():
 
 
 def fake_run(steps_to_90, cap, select=0.5):
-    """A Run whose curve reaches 90% at steps_to_90 (None: never, by the cap)."""
+    """A TaskRun whose curve reaches 90% at steps_to_90 (None: never, by the cap)."""
     curve = [(0, {"s": 0.0}), (cap, {"s": select})] if steps_to_90 is None else [(0, {"s": 0.0}),
                                                                                  (steps_to_90, {"s": 0.995})]
-    return Run(model=None, curve=curve, steps=cap if steps_to_90 is None else steps_to_90, seconds=1.0,
+    return TaskRun(model=None, curve=curve, steps=cap if steps_to_90 is None else steps_to_90, seconds=1.0,
                select=curve[-1][1]["s"], solved=steps_to_90 is not None, improving=False)
 
 
@@ -233,7 +233,7 @@ def test_each_model_tunes_its_own_optimizer_and_muon_lr_on_the_selection_set(mon
         return fake_run(steps, cap)
 
     monkeypatch.setattr(retrieval, "train_synthetic", fake_train)
-    monkeypatch.setattr(retrieval, "evaluate", lambda model, x, y: (0.0, 0.0))
+    monkeypatch.setattr(retrieval, "task_scores", lambda model, x, y: (0.0, 0.0))
     ctx = Context("quick", torch.device("cpu"), None)
     part = dict(steps=1000, eval_every=10, seeds=3, tune_seeds=2)
     b = dict(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=3)

@@ -23,7 +23,7 @@ def tiny_sizes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setitem(sizes.BUDGET, "quick", TINY)
     monkeypatch.setattr(sizes, "TOKENS_PER_PARAM", 0.05)  # tiny runs: the rule's regime is its argument here
-    monkeypatch.setattr(lm, "train_run", lambda overrides: train(compose(*overrides)))  # in-process: seconds
+    monkeypatch.setattr(lm, "run_train_py", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
@@ -35,7 +35,7 @@ def test_sizes_end_to_end(tiny_sizes):
     ctx = tiny_sizes
     sizes.exp_sizes(ctx)
     assert (ctx.out / "sizes.png").exists()
-    results = sizes.sizes_results(ctx)  # saved and read back, every run's checkpoint there
+    results = sizes.cached_sizes(ctx)  # saved and read back, every run's checkpoint there
     assert [r.models["gpt"].desc.split()[0] for r in results] == ["1x8", "1x16", "1x24"]
     for r in results:
         params = max(m.params for m in r.models.values())

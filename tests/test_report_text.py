@@ -89,7 +89,7 @@ def test_measure_reports_all_weight_on_the_target_and_the_baselines_otherwise():
     windows[:, 0] = torch.arange(5)
     for w, q, t in cases["a"] + cases["b"]:
         windows[w, q - 1 if q - 1 != t else q] = windows[w, t]  # another visible key with the target's token
-    values = text.measure(KnownAttention(cases["a"] + cases["b"]), windows, cases, batch_size=2)
+    values = text.head_weights(KnownAttention(cases["a"] + cases["b"]), windows, cases, batch_size=2)
     for kind, found in cases.items():
         v = values[kind]
         for i, (w, q, t) in enumerate(found):

@@ -31,11 +31,11 @@ from attnlab.runtime import hardware_name, pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
 from scripts.report.context import exp_context, exp_lm
 from scripts.report.cost import exp_generation, exp_long
-from scripts.report.lm import lm_runs
+from scripts.report.lm import cached_lm
 from scripts.report.mechanism import exp_paths, exp_scaling
 from scripts.report.parallel import exp_parallel
 from scripts.report.retrieval import exp_induction, exp_mqar
-from scripts.report.sizes import exp_sizes, sizes_results
+from scripts.report.sizes import cached_sizes, exp_sizes
 from scripts.report.text import exp_text
 
 
@@ -138,7 +138,7 @@ def run_parts(ctx, names, jobs):
         PARTS[name].run(ctx)
         seconds[name] = time.time() - t0
         tqdm.write(f"{name}: {seconds[name]:.0f} s")
-    for source, there in (("lm", lm_runs), ("sizes", sizes_results)):
+    for source, there in (("lm", cached_lm), ("sizes", cached_sizes)):
         # text may read another run's GPT
         readers = [n for n in names if PARTS[n].reads == source and not (n == "text" and ctx.text_run)]
         if readers and source not in names and there(ctx) is None:

@@ -156,7 +156,7 @@ def lm_dtype(cfg, device):
     return output_dtype(mixing_layer(model), forward)
 
 
-def lm_runs(sizes, device, data_path, out, deadline, results):
+def train_lm_pair(sizes, device, data_path, out, deadline, results):
     """One train.py run per model, each by its recipe, for lm_seconds of training, where the deadline leaves time;
     an earlier run in out is replaced."""
     data = ["data=text", f"data.path={data_path}"] if data_path else []
@@ -185,7 +185,7 @@ def lm_runs(sizes, device, data_path, out, deadline, results):
         if run_dir.exists():  # train.py never starts afresh over a checkpoint, and this report owns the folder
             print(f"lm {name}: replacing the earlier run in {run_dir}")
             shutil.rmtree(run_dir)
-        code = train_run(overrides)
+        code = train_py_exit_code(overrides)
         evals = read_metrics(run_dir, "eval") if code == 0 else []
         if not evals:
             results["skipped"].append(f"lm {name}: train.py failed (exit {code}); its error is above")
@@ -198,7 +198,7 @@ def lm_runs(sizes, device, data_path, out, deadline, results):
                                   tokens=tokens, val_loss=last["val_loss"], evals=len(evals), train_curve=curve))
 
 
-def train_run(overrides):
+def train_py_exit_code(overrides):
     """`python train.py OVERRIDES` in this working directory; its exit code (its errors print as they come)."""
     return subprocess.run([sys.executable, str(ROOT / "train.py"), *overrides]).returncode
 
@@ -252,7 +252,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out/report/gpu", help="where results.json, results.csv and gpu.png go")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, in seconds: the code path only")
-    parser.add_argument("--deadline-s", type=at_least(1, float), default=450,
+    parser.add_argument("--deadline-s", type=at_least(0, float), default=450,
                         help="wall-clock seconds for everything; a part "
                         "predicted not to finish in what is left is skipped and listed (default 450)")
     parser.add_argument("--data-path", help="a UTF-8 text file for the LM runs (default: the stdlib corpus)")
@@ -273,7 +273,7 @@ def main(argv=None):
     reserve = 2 * (sizes["lm_seconds"] + sizes["lm_overhead_s"])
     throughput(sizes, device, deadline, reserve, results)
     write(out, results)
-    lm_runs(sizes, device, args.data_path, out, deadline, results)
+    train_lm_pair(sizes, device, args.data_path, out, deadline, results)
     write(out, results)
     for line in results["skipped"]:
         print(f"skipped {line}")

@@ -219,7 +219,7 @@ def lm_run(ctx, plan, experiment, model, setting, recipe, seed, seconds=0.0, ext
     # fp32 for both (auto would take bf16 where it is native); evaluations every cap/evals steps in both protocols
     timed = [f"train.time_budget_s={seconds}", f"train.max_iters={MAX_ITERS_PER_CAP * plan.steps}"] if seconds else [
         f"train.max_iters={plan.steps}"]
-    train_run([*model.overrides, *extra, f"train.batch_size={plan.batch_size}", f"train.device={ctx.device}",
+    run_train_py([*model.overrides, *extra, f"train.batch_size={plan.batch_size}", f"train.device={ctx.device}",
                "train.dtype=float32", f"train.optimizer={recipe.optimizer}", f"train.learning_rate={recipe.lr}",
                f"train.min_lr={recipe.lr / 10}", *muon, *timed, f"train.warmup_iters={plan.steps // 10}",
                f"train.eval_interval={max(1, plan.steps // plan.evals)}", f"train.eval_iters={plan.eval_iters}",
@@ -240,7 +240,7 @@ def lm_run(ctx, plan, experiment, model, setting, recipe, seed, seconds=0.0, ext
     return run
 
 
-def train_run(overrides):
+def run_train_py(overrides):
     """`python train.py OVERRIDES` from this working directory (relative paths mean what they mean here), on this
     process's torch threads; its progress and errors print as they come."""
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
@@ -422,7 +422,7 @@ def load_lm():
     return LMResult.load() if RESULT.exists() else None
 
 
-def lm_runs(ctx):
+def cached_lm(ctx):
     """The LMResult for ctx's preset and corpus where all its runs are there; None where they are not."""
     result = load_lm()
     if result is None or (result.preset, result.corpus) != (ctx.preset, corpus_name(ctx)) or not all(
@@ -433,7 +433,7 @@ def lm_runs(ctx):
 
 def lm_results(ctx):
     """The LMResult for ctx's preset and corpus, training it first (train_lm) where its runs are not there."""
-    result = lm_runs(ctx)
+    result = cached_lm(ctx)
     if result is None:
         print(f"no lm runs for the {ctx.preset} preset on {corpus_name(ctx)} yet; training them first")
         result = train_lm(ctx)

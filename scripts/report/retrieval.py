@@ -31,14 +31,14 @@ from tqdm import tqdm
 from attnlab.config import ModelConfig
 from scripts.report.protocol import Recipe, Tuned, best_recipe, ratio_range
 from scripts.report.tasks import (
-    Run,
-    evaluate,
+    TaskRun,
     induction_batch,
     mixed_recall_batch,
     recall_batch,
     state_bytes,
     steps_to,
     synthetic_models,
+    task_scores,
     train_synthetic,
     unseen_chance,
 )
@@ -145,7 +145,7 @@ class Trained:
     seconds: float  # every run of its grids and seeds, together
 
     @property
-    def runs(self) -> list[Run]:
+    def runs(self) -> list[TaskRun]:
         return [self.tuned.runs[seed] for seed in sorted(self.tuned.runs)]
 
     def recipe_text(self):
@@ -172,7 +172,7 @@ class Task:
     its selection and test sets {name: (x, y)}."""
     experiment: str
     make_batch: Callable
-    select: dict
+    selection: dict
     test: dict
     tracked: bool = False  # the test sets scored at every eval too (their curve read, never chosen on)
 
@@ -181,7 +181,7 @@ def train_best(ctx, task, cfg, name, setting, b, part, merit):
     """cfg at its best recipe (best_recipe on b's grids, choosing by merit on the selection sets), then the chosen
     recipe with the rest of part's seeds. Every run goes to ctx.grid_point: its selection and test accuracies, its
     steps to each of LEVELS and whether it was still improving at the cap."""
-    experiment, make_batch, select, test = task.experiment, task.make_batch, task.select, task.test
+    experiment, make_batch, select, test = task.experiment, task.make_batch, task.selection, task.test
     seconds = []
 
     def fit(recipe: Recipe, seed):
@@ -189,7 +189,7 @@ def train_best(ctx, task, cfg, name, setting, b, part, merit):
         run = train_synthetic(cfg, make_batch, part["steps"], recipe.lr, select, ctx.device, stop_at=SOLVED,
                               eval_every=part["eval_every"], seed=seed, desc=label, optimizer=recipe.optimizer,
                               muon_lr=recipe.muon_lr, tracked=tested(test) if task.tracked else None)
-        run.test = {key: evaluate(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
+        run.test = {key: task_scores(run.model, x.to(ctx.device), y.to(ctx.device))[0] for key, (x, y) in test.items()}
         seconds.append(run.seconds)
         tqdm.write(f"{label}: {run.steps} steps in {run.seconds:.0f} s, selection {100 * run.select:.1f}%")
         measured = [("selection accuracy", round(run.select, 4)),

@@ -104,7 +104,7 @@ def tune_size(ctx, budget, plan, model):
     return part
 
 
-def sizes_results(ctx):
+def cached_sizes(ctx):
     """The last sizes training's [LMResult] where it is ctx's preset and corpus and its runs are there, else None."""
     if not RESULT.exists():
         return None

@@ -102,13 +102,13 @@ def unseen_chance(lengths):
     """Induction's informed chance: the accuracy on the second copy of a model that knows the segment's tokens but not
     their order, so guesses uniformly among those not yet seen in the second copy. Inside a copy of S tokens the j-th
     scored position (j = 0..S-2) has S-1-j of them left, so a sequence scores H(S-1) hits out of S-1; pooled over
-    the sequences of lengths (as evaluate pools positions)."""
+    the sequences of lengths (as task_scores pools positions)."""
     hits = sum(sum(1 / k for k in range(1, S)) for S in lengths)
     return hits / sum(S - 1 for S in lengths)
 
 
 @torch.no_grad()
-def evaluate(model, x, y):
+def task_scores(model, x, y):
     """Accuracy and mean cross-entropy over the scored positions (targets >= 0)."""
     model.eval()
     logits = model(x)[0][y >= 0]  # (scored positions, vocab)
@@ -117,7 +117,7 @@ def evaluate(model, x, y):
 
 
 @dataclass
-class Run:
+class TaskRun:
     """One trained configuration: the model as training left it, the curve [(step, {eval set: accuracy})], the steps
     and seconds it took, its mean accuracy over the eval sets at the end, whether it reached stop_at on every eval
     set, whether it was still improving when the cap stopped it, and (filled by its caller) its test accuracies."""
@@ -166,7 +166,7 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
     curve, losses, start = [], [], time.time()
     for it in tqdm(range(steps + 1), desc=desc, leave=False):
         if it % eval_every == 0 or it == steps:
-            scored = {name: evaluate(model, x, y) for name, (x, y) in evals.items()}
+            scored = {name: task_scores(model, x, y) for name, (x, y) in evals.items()}
             curve.append((it, {name: acc for name, (acc, _) in scored.items()}))
             losses.append((it, sum(scored[name][1] for name in chosen_on)))
             solved = min(curve[-1][1].values()) >= stop_at
@@ -177,4 +177,4 @@ def train_synthetic(model_cfg, make_batch, steps, lr, evals, device, stop_at=0.9
         train_step(model, optim, [(x.to(device), y.to(device))], grad_clip=train_cfg.grad_clip)
     select = sum(curve[-1][1][name] for name in chosen_on) / len(chosen_on)
     improving = not solved and still_improving(losses, steps)
-    return Run(model.eval(), curve, it, time.time() - start, select, solved, improving, chosen_on=tuple(chosen_on))
+    return TaskRun(model.eval(), curve, it, time.time() - start, select, solved, improving, chosen_on=tuple(chosen_on))

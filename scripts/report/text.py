@@ -148,7 +148,7 @@ def find_cases(windows, decode):
 
 
 @torch.no_grad()
-def measure(model, windows, cases, device="cpu", batch_size=32):
+def head_weights(model, windows, cases, device="cpu", batch_size=32):
     """For each kind's cases (window, query, target) in window order, each (N, L, H) over layers and heads: target
     (the weight on the target), distance (the mean weight at the target's distance from the window's other queries),
     same_token (the mean weight on other visible keys holding the target's token; nan where none), previous (on the
@@ -209,7 +209,7 @@ def exp_text(ctx, run=None):
         if not 0 < sum(w < half for w, _, _ in found) < len(found):
             raise ValueError(f"text: no {kind} case in one half of the {len(windows)} windows; raise BUDGET's windows")
     results = {}
-    for kind, values in measure(model, windows, cases, ctx.device).items():
+    for kind, values in head_weights(model, windows, cases, ctx.device).items():
         test = torch.tensor([w >= half for w, _, _ in cases[kind]])
         results[kind] = dict(head=best_head(subset(values, ~test)), test=subset(values, test),
                              selected=int((~test).sum()),
