@@ -53,3 +53,16 @@ def test_the_report_doc_opens_with_the_quick_reports_verdict_verbatim():
     results = (REPORTS[0] / "results.md").read_text()
     verdict = results[results.index("| reason attention replaced RNNs"):].split("\n\n")[0]
     assert verdict.count("\n") == 4 and verdict in (REPO / "docs/report.md").read_text()
+
+
+def test_every_decimal_in_the_readmes_report_section_comes_from_the_committed_results():
+    """The README's summary is prose, not a copied table: each measured figure in it (a number with a decimal
+    point) must appear in a committed results.csv, verdicts.csv or runs.json, so a rerun that moves a number shows
+    here until the prose follows."""
+    import re
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Why attention replaced RNNs"):readme.index("## Tests")]
+    committed = "".join((report / name).read_text() for report in REPORTS
+                        for name in ("results.csv", "verdicts.csv", "runs.json") if (report / name).exists())
+    figures = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", section))
+    assert figures and not {f for f in figures if f not in committed}, sorted(f for f in figures if f not in committed)
