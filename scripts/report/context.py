@@ -56,7 +56,7 @@ BUDGET = {
     "quick": dict(windows=1024, distances=[16, 64, 128], span=8, context=144, batch_size=8, steps=1000,
                   adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                   muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=256),
-    "full": dict(windows=2048, distances=[32, 128, 384], span=16, context=416, batch_size=8, steps=1500,
+    "full": dict(windows=2048, distances=[32, 128, 384], span=16, context=416, batch_size=8, steps=1000,
                  adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[1e-2, 3e-2]),
                  muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.15]), sequences=512),
 }

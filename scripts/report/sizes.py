@@ -49,7 +49,7 @@ BUDGET = {
                   muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
                   adamw_lrs=dict(gpt=[1e-3, 3e-3, 1e-2], lstm=[3e-3, 1e-2, 3e-2]), widen=2, seeds=3, evals=8,
                   eval_iters=4, select_windows=128, test_windows=None, train_windows=128),
-    "full": dict(gpt=[(2, 2, 32), (2, 2, 56), (3, 4, 80)], block_size=512, batch_size=4,
+    "full": dict(gpt=[(2, 2, 32), (2, 2, 56), (3, 4, 64)], block_size=512, batch_size=4,
                  muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
                  adamw_lrs=dict(gpt=[3e-3, 1e-2, 3e-2], lstm=[1e-2, 3e-2, 9e-2]), widen=2, seeds=3, evals=8,
                  eval_iters=4, select_windows=256, test_windows=None, train_windows=256),
