@@ -109,8 +109,8 @@ def wrap(model, compile, procs):
     if not procs.distributed or is_sharded(model):
         return eval_model, eval_model
     # the only buffers (RoPE and sinusoid tables) are computed identically on every rank: no per-step sync
-    ddp = DDP(model, device_ids=[procs.local_rank] if procs.device.type == "cuda" else None,
-              forward_sync_buffers=False)
+    ddp = DDP(model, device_ids=[procs.device.index or 0] if procs.device.type == "cuda" else None,
+              forward_sync_buffers=False)  # the process's own GPU: cuda:LOCAL_RANK under torchrun, --device otherwise
     return torch.compile(ddp) if compile else ddp, eval_model
 
 

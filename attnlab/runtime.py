@@ -5,6 +5,7 @@ way. What only CUDA has (TF32, pinned memory, NCCL) is decided here, in small fu
 """
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -78,16 +79,20 @@ def to_device(tensor, device):
 
 # Dense (no sparsity) bf16 peak FLOP/s of common GPUs, from the vendor datasheets; the first name contained in
 # torch.cuda.get_device_name() wins. MFU is the model's FLOPs per second over this (PaLM, Chowdhery et al. 2022).
-PEAK_FLOPS = [("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("B200", 2250e12),
-              ("A100", 312e12), ("L40S", 362e12), ("L4", 121e12)]
+PEAK_FLOPS = [("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H200 NVL", 835e12), ("H200", 989e12),
+              ("B200", 2250e12), ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12)]
 
 
 def peak_flops(device):
     """The device's bf16 peak in FLOP/s, or None where it is not in PEAK_FLOPS (every CPU)."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS if key in name), None)
+    return peak_of(torch.cuda.get_device_name(device))
+
+
+def peak_of(name):
+    """PEAK_FLOPS' figure for a device name: the first key found in it as a whole word ("L4" is not "L40")."""
+    return next((flops for key, flops in PEAK_FLOPS if re.search(rf"\b{re.escape(key)}\b", name)), None)
 
 
 def sync(device):

@@ -145,3 +145,10 @@ def test_a_gpu_that_emulates_bf16_does_not_count_as_native(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: asked.append(
         including_emulation) or including_emulation)  # a pre-Ampere GPU: bf16 only through emulation
     assert not runtime.native_bf16(torch.device("cuda")) and asked == [False]
+
+
+def test_a_gpus_peak_is_read_from_its_whole_name():
+    from attnlab.runtime import peak_of
+    assert peak_of("NVIDIA L4") == 121e12 and peak_of("NVIDIA L40") == 181e12 and peak_of("NVIDIA L40S") == 362e12
+    assert peak_of("NVIDIA H200") == 989e12 and peak_of("NVIDIA H200 NVL") == 835e12
+    assert peak_of("NVIDIA H100 80GB HBM3") == 989e12 and peak_of("NVIDIA GeForce RTX 4090") is None
