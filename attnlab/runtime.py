@@ -101,6 +101,17 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def process_age_s():
+    """Seconds since this process started (Linux's /proc; 0 where it cannot be read): a deadline counted from
+    there includes the imports and the device's start-up."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, in clock ticks after boot
+        return max(0.0, float(Path("/proc/uptime").read_text().split()[0]) - started)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Deadline:
     """Seconds left before a wall-clock end, and whether a part predicted to take some seconds fits in them beside a
     reserve; past the end nothing fits, however small. The time limit of bench's and the report's GPU checks."""

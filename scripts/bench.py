@@ -49,6 +49,7 @@ from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
 from attnlab.runtime import (
     Deadline,
+    activation_dtype,
     alternate,
     autocast,
     autocast_dtype,
@@ -57,6 +58,7 @@ from attnlab.runtime import (
     peak_bytes,
     peak_flops,
     pick_device,
+    process_age_s,
     sync,
     time_steps,
 )
@@ -428,15 +430,20 @@ def vocab_section(args, device, sizes):
 # tokens; ddp_steps through DDP; compile, torch.compile the training step; part_s, the seconds each part after the
 # first needs, checked against the deadline
 GPU_SIZES = dict(
-    full=dict(shape={}, vocab_size=50304, batch_size=16, warmup=3, steps=20, loss_steps=50, loss_batches=4, prompt=256,
-              new_tokens=256, ddp_steps=5, compile=True, part_s=dict(sdpa=10, losses=60, sample=30, ddp=60)),
-    quick=dict(shape=dict(n_layer=2, n_head=2, n_embd=64, block_size=64), vocab_size=50304, batch_size=4, warmup=1,
-               steps=2, loss_steps=5, loss_batches=2, prompt=8, new_tokens=8, ddp_steps=3, compile=False,
-               part_s=dict(sdpa=1, losses=1, sample=1, ddp=1)),
+    full=dict(shape=dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), vocab_size=50257, padded_vocab=50304,
+              batch_size=16, warmup=3, steps=20, loss_steps=50, loss_batches=4, prompt=256, new_tokens=256,
+              ddp_steps=5, compile=True, window=256,
+              part_s=dict(vocab=20, chunked=15, sdpa=10, syncs=10, losses=60, sample=30, ddp=60)),
+    quick=dict(shape=dict(n_layer=2, n_head=2, n_embd=64, block_size=64), vocab_size=50257, padded_vocab=50304,
+               batch_size=4, warmup=1, steps=2, loss_steps=5, loss_batches=2, prompt=8, new_tokens=8, ddp_steps=3,
+               compile=False, window=16,
+               part_s=dict(vocab=1, chunked=1, sdpa=1, syncs=1, losses=1, sample=1, ddp=1)),
 )
-# The check's constant AdamW learning rate, half the recipe's peak: at the peak without its warmup the loss oscillates
-# from the first steps and bf16's rounding grows into gaps of 0.1 nats, at this rate it falls smoothly (docs/speed.md)
+# The check's constant learning rates, a sixth of the default recipe's peaks (AdamW's part, Muon's): without the
+# recipe's warmup a peak lr makes the loss oscillate from the first steps and bf16's rounding grows into gaps of 0.1
+# nats (docs/speed.md); the check compares numerics, not recipes
 LOSS_LR = 3e-4
+LOSS_MUON_LR = 3e-3
 # bf16 autocast's per-step losses against fp32's from the same weights and batches, in nats: at LOSS_LR a small model
 # stayed within 0.002 on a CPU (docs/speed.md); the margin is for a GPU's own bf16 kernels (flash attention)
 LOSS_TOLERANCE = dict(max=0.05, mean=0.02)
@@ -451,7 +458,7 @@ class GpuCheck:
     model: GPT  # the plain model, whose parameters every wrapper below shares
     step_model: torch.nn.Module  # what a training step calls: the model, compiled where compile is on
     initial: dict  # the model's state before any step
-    cfg: object  # the experiment=gpt2_owt config at LOSS_LR: optimizer, clipping
+    cfg: object  # the default recipe (Muon, RoPE, RMSNorm, QK-norm, ReLU²) at LOSS_LR and LOSS_MUON_LR
     device: torch.device
     amp: object  # the bf16 autocast context
     compile: bool
@@ -489,14 +496,15 @@ def loss_curve(check, step_model, batches, steps, amp, all_mean=None):
     batches taken in turn, stopping at the deadline; and the median seconds of a step after the first (which
     compiles)."""
     check.model.load_state_dict(check.initial)
-    optimizer = make_optimizer(check.model, check.cfg.train, check.device)
+    train_cfg = check.cfg.train
+    optimizer = make_optimizer(check.model, train_cfg, check.device)
     losses, times = [], []
     for i in range(steps):
         if check.deadline.left() <= 0:
             break
         sync(check.device)
         start = time.perf_counter()
-        loss = train_step(step_model, optimizer, [batches[i % len(batches)]], grad_clip=check.cfg.train.grad_clip,
+        loss = train_step(step_model, optimizer, [batches[i % len(batches)]], grad_clip=train_cfg.grad_clip,
                           autocast=amp, all_mean=all_mean)
         losses.append(float(loss))  # a float or a device tensor, whichever train_step returns
         times.append(time.perf_counter() - start)
@@ -522,6 +530,8 @@ def gpu_train(check):
     """Training tokens/s, MFU and peak memory at the batch size, or at half of it if that does not fit."""
     model, device, sizes = check.model, check.device, check.sizes
     batch_size = sizes["batch_size"]
+    torch._dynamo.utils.counters.clear()
+    started = time.perf_counter()
     try:
         step, check.batch = warm_step(check, batch_size)
     except torch.OutOfMemoryError:
@@ -530,6 +540,10 @@ def gpu_train(check):
         torch.cuda.empty_cache()
         batch_size //= 2
         step, check.batch = warm_step(check, batch_size)
+    warm_s = time.perf_counter() - started  # the warm-up steps, the first of which compiles
+    counters = torch._dynamo.utils.counters
+    compiled = dict(warmup_s=warm_s, graphs=counters["stats"]["unique_graphs"],
+                    graph_breaks=sum(counters["graph_break"].values()), recompiles=len(counters["recompiles"]))
     held = torch.cuda.memory_allocated(device) if device.type == "cuda" else None  # weights and optimizer state
     peak = peak_bytes(step, device)
     sync(device)
@@ -541,16 +555,102 @@ def gpu_train(check):
     tokens_per_s = batch_size * model.config.block_size / seconds
     flops = peak_flops(device)
     return dict(batch_size=batch_size, block_size=model.config.block_size, vocab_size=model.config.vocab_size,
-                params=model.num_params(), dtype="bfloat16", compile=check.compile, step_ms=seconds * 1e3,
+                params=model.num_params(), dtype="bfloat16", compile=check.compile, **compiled, peak_flops=flops,
+                step_ms=seconds * 1e3,
                 tokens_per_s=tokens_per_s, mfu=model.flops_per_token() * tokens_per_s / flops if flops else None,
                 peak_step_mib=peak / 2**20, peak_total_mib=(held + peak) / 2**20 if held is not None else None)
 
 
+def step_ms(check, model, batch, steps=3):
+    """Median milliseconds of a training step of model on batch, after one unmeasured step."""
+    optimizer = make_optimizer(model, check.cfg.train, check.device)
+    times = []
+    for _ in range(steps + 1):
+        sync(check.device)
+        start = time.perf_counter()
+        train_step(model, optimizer, [batch], grad_clip=check.cfg.train.grad_clip, autocast=check.amp)
+        sync(check.device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
+
+
+def gpu_vocab(check):
+    """train.py's GPT-2 vocabulary (50,257) against the same model padded to a multiple of 64 (50,304), eager: the
+    step's milliseconds at each."""
+    sizes, x, _ = check.sizes, *check.batch
+    results = {}
+    for vocab in (sizes["vocab_size"], sizes["padded_vocab"]):
+        torch.manual_seed(0)
+        model = GPT(replace(check.model.config, vocab_size=vocab)).to(check.device)
+        tokens = x.clamp(max=vocab - 1)
+        results[vocab] = step_ms(check, model, (tokens, tokens))
+        del model
+    return dict(step_ms=results, padded_over_plain=results[sizes["padded_vocab"]] / results[sizes["vocab_size"]])
+
+
+def gpu_chunked(check):
+    """One eager step through the chunked loss (attnlab/loss.py, forced: on a GPU it starts at 8 GiB of logits)
+    against the plain loss, from the same weights and batch: milliseconds and the loss of each."""
+    check.model.load_state_dict(check.initial)
+    plain_ms = step_ms(check, check.model, check.batch, steps=1)
+    saved = loss_module.CHUNKED_LOSS_GPU_BYTES
+    loss_module.CHUNKED_LOSS_GPU_BYTES = 0
+    try:
+        check.model.load_state_dict(check.initial)
+        with check.amp:
+            chunked_loss = check.model(*check.batch)[1].item()
+        chunked_ms = step_ms(check, check.model, check.batch, steps=1)
+    finally:
+        loss_module.CHUNKED_LOSS_GPU_BYTES = saved
+    check.model.load_state_dict(check.initial)
+    with check.amp:
+        plain_loss = check.model(*check.batch)[1].item()
+    return dict(chunk_rows=loss_module.chunk_rows(check.device.type, check.model.config.vocab_size),
+                plain_ms=plain_ms, chunked_ms=chunked_ms, plain_loss=plain_loss, chunked_loss=chunked_loss)
+
+
 def gpu_sdpa(check):
-    """The attention kernels of the step training runs (compiled where compile is on) and of the plain model."""
+    """The attention kernels of the step training runs (compiled where compile is on), of the plain model, of a
+    left-padded batch, of a sliding window, and of one-token decoding through the KV cache."""
     batch = check.batch  # the step's own inputs: another shape, or x passed as its own targets, compiles again
-    return dict(training=sdpa_kernels(check.step_model, batch, check.amp),
-                eager=sdpa_kernels(check.model, batch, check.amp))
+    model, x = check.model, check.batch[0]
+    padded = torch.ones_like(x, dtype=torch.bool)
+    padded[0, : x.size(1) // 4] = False  # one row left-padded by a quarter
+    blocks = list(model.transformer.h)
+    for block in blocks:
+        block.attn.window = check.sizes["window"]
+    try:
+        windowed = sdpa_kernels(model, batch, check.amp)
+    finally:
+        for block in blocks:
+            block.attn.window = model.config.window
+    with torch.no_grad():  # check.amp entered once at a time: a nested re-entry would leave autocast on after it
+        with check.amp:
+            cache = model.new_cache(1, check.device, activation_dtype(model, check.device))
+            model(x[:1, :-1], cache=cache)  # the prompt; then one token through the cache
+        decoding = sdpa_kernels(lambda *a: model(x[:1, -1:], cache=cache), (), check.amp)
+    return dict(training=sdpa_kernels(check.step_model, batch, check.amp), eager=sdpa_kernels(model, batch, check.amp),
+                padded=sdpa_kernels(lambda *a: model(x, attention_mask=padded), (), check.amp), windowed=windowed,
+                decoding=decoding)
+
+
+def gpu_syncs(check):
+    """Three training steps under torch.cuda.set_sync_debug_mode("error"): any host sync inside a step (a .item(), a
+    data-dependent shape) raises, and the first one is reported. Only on CUDA."""
+    if check.device.type != "cuda":
+        return dict(skipped="no CUDA device: the sync debug mode needs one")
+    step, _ = warm_step(check, check.batch[0].size(0))
+    torch.cuda.synchronize(check.device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+        error = None
+    except RuntimeError as e:
+        error = str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return dict(steps=3, passed=error is None, first_sync=error)
 
 
 def gpu_losses(check):
@@ -580,9 +680,11 @@ def gpu_sample(check):
     with check.amp:
         runs = compare_cache(model, prompt, sizes["new_tokens"], 2, device)
     model.train()
-    speed = {kv: sizes["new_tokens"] / sum(rounds[-1]) for kv, rounds in runs.items()}  # the first round warms up
+    rounds = {kv: [sizes["new_tokens"] / sum(r) for r in rs] for kv, rs in runs.items()}  # tokens/s per round
+    speed = {kv: r[-1] for kv, r in rounds.items()}  # the first round warms up (and compiles nothing: eager)
     return dict(prompt=sizes["prompt"], new_tokens=sizes["new_tokens"], tokens_per_s_cache=speed[True],
-                tokens_per_s_recompute=speed[False], speedup=speed[True] / speed[False])
+                tokens_per_s_recompute=speed[False], speedup=speed[True] / speed[False],
+                rounds_cache=rounds[True], rounds_recompute=rounds[False])
 
 
 def gpu_ddp(check):
@@ -606,7 +708,8 @@ def gpu_ddp(check):
                 tokens_per_s=tokens / seconds, plain_tokens_per_s=tokens / plain_s)
 
 
-GPU_PARTS = {"train": gpu_train, "sdpa": gpu_sdpa, "losses": gpu_losses, "sample": gpu_sample, "ddp": gpu_ddp}
+GPU_PARTS = {"train": gpu_train, "vocab": gpu_vocab, "chunked": gpu_chunked, "sdpa": gpu_sdpa, "syncs": gpu_syncs,
+             "losses": gpu_losses, "sample": gpu_sample, "ddp": gpu_ddp}
 
 
 def gpu_summary(name, result):
@@ -614,11 +717,15 @@ def gpu_summary(name, result):
     if name == "train":
         mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a"
         total = f"{result['peak_total_mib']:,.0f} MiB" if result["peak_total_mib"] is not None else "n/a"
+        peak = f"{result['peak_flops'] / 1e12:,.0f} TFLOP/s" if result["peak_flops"] else "unknown"
         return (f"{result['tokens_per_s']:,.0f} tokens/s at B={result['batch_size']} x T={result['block_size']} "
-                f"({result['step_ms']:.1f} ms/step), MFU {mfu}, peak memory {total} "
-                f"({result['peak_step_mib']:,.0f} MiB beyond weights and optimizer state)")
+                f"({result['step_ms']:.1f} ms/step), MFU {mfu} of a {peak} peak, peak memory {total} "
+                f"({result['peak_step_mib']:,.0f} MiB beyond weights and optimizer state); warm-up "
+                f"{result['warmup_s']:.1f} s (compiling), {result['graphs']} graph(s), {result['graph_breaks']} "
+                f"graph break(s), {result['recompiles']} recompile(s)")
     if name == "sdpa":
-        return f"training step {', '.join(result['training']) or 'none seen'}; eager {', '.join(result['eager'])}"
+        return "; ".join(f"{case} {', '.join(result[case]) or 'none seen'}" for case in
+                         ("training", "eager", "padded", "windowed", "decoding"))
     if name == "losses":
         verdict = "PASS" if result["passed"] else "FAIL"
         if not result["complete"]:
@@ -626,6 +733,18 @@ def gpu_summary(name, result):
         return (f"{verdict}: {result['steps']} steps, bf16 {result['bf16'][0]:.4f} -> {result['bf16'][-1]:.4f}, fp32 "
                 f"{result['fp32'][0]:.4f} -> {result['fp32'][-1]:.4f}; |gap| max {result['max_abs_diff']:.4f} "
                 f"(<= {LOSS_TOLERANCE['max']}), mean {result['mean_abs_diff']:.4f} (<= {LOSS_TOLERANCE['mean']})")
+    if name == "vocab":
+        return ", ".join(f"vocab {v:,}: {ms:.1f} ms/step" for v, ms in result["step_ms"].items()) + (
+            f" (eager; padded / plain {result['padded_over_plain']:.2f})")
+    if name == "chunked":
+        return (f"one step through the chunked loss ({result['chunk_rows']:,} rows a chunk) {result['chunked_ms']:.1f} "
+                f"ms against the plain loss's {result['plain_ms']:.1f} ms; loss {result['chunked_loss']:.4f} vs "
+                f"{result['plain_loss']:.4f}")
+    if name == "syncs":
+        if "skipped" in result:
+            return f"skipped: {result['skipped']}"
+        return ("PASS: no host sync in 3 steps" if result["passed"] else f"FAIL: a host sync in a step: "
+                f"{result['first_sync']}")
     if name == "sample":
         return (f"{result['tokens_per_s_cache']:,.1f} tokens/s with the KV cache, "
                 f"{result['tokens_per_s_recompute']:,.1f} recomputing ({result['speedup']:.1f}x)")
@@ -637,8 +756,8 @@ def gpu_summary(name, result):
 
 def gpu_section(args, device, sizes):
     sizes = GPU_SIZES["quick" if args.quick else "full"]
-    deadline = Deadline(args.deadline_s)
-    cfg = compose("experiment=gpt2_owt", f"train.learning_rate={LOSS_LR}")
+    deadline = Deadline(args.deadline_s - process_age_s())  # from the process's start: imports and CUDA's count
+    cfg = compose(f"train.learning_rate={LOSS_LR}", f"train.muon_lr={LOSS_MUON_LR}")
     model_cfg = replace(cfg.model, vocab_size=sizes["vocab_size"], **sizes["shape"])
     compile = sizes["compile"]
     torch.manual_seed(0)
@@ -651,7 +770,9 @@ def gpu_section(args, device, sizes):
                    deadline_s=args.deadline_s, sizes=sizes, skipped=[])
     out = Path(args.out)
     print(f"### GPU check: {model_cfg.n_layer}x{model_cfg.n_embd}, T={model_cfg.block_size}, vocab "
-          f"{model_cfg.vocab_size:,}, bf16 autocast{', torch.compile' * compile}, deadline {args.deadline_s:.0f} s\n")
+          f"{model_cfg.vocab_size:,}, the default recipe ({cfg.train.optimizer}, {model_cfg.pos}, {model_cfg.norm}, "
+          f"qk_norm {model_cfg.qk_norm}, {model_cfg.mlp}), bf16 autocast{', torch.compile' * compile}, deadline "
+          f"{args.deadline_s:.0f} s from the process's start\n")
     for name, part in GPU_PARTS.items():
         needed = sizes["part_s"].get(name, 0)
         if not deadline.fits(needed):

@@ -90,6 +90,14 @@ def test_the_gpu_check_smoke_writes_every_figure(tmp_path, capsys):
     train = results["train"]
     assert train["tokens_per_s"] > 0 and train["peak_step_mib"] > 0 and train["mfu"] is None  # no peak for a CPU
     assert results["sdpa"]["training"] and results["sdpa"]["training"] == results["sdpa"]["eager"]
+    assert all(results["sdpa"][case] for case in ("padded", "windowed", "decoding"))
+    assert train["vocab_size"] == 50257 and train["graph_breaks"] == 0 and train["peak_flops"] is None
+    assert set(results["vocab"]["step_ms"]) == {"50257", "50304"}  # train.py's vocabulary and the padded one
+    chunked = results["chunked"]
+    assert chunked["chunked_loss"] == pytest.approx(chunked["plain_loss"], abs=1e-3) and chunked["chunk_rows"] == 41
+    assert results["syncs"] == {"skipped": "no CUDA device: the sync debug mode needs one"}
+    assert len(results["sample"]["rounds_cache"]) == 2  # the warm-up round is reported too
+    assert not torch.is_autocast_enabled("cpu")  # the check entered its autocast once at a time
     losses = results["losses"]
     assert losses["steps"] == len(losses["bf16"]) == len(losses["fp32"]) == bench.GPU_SIZES["quick"]["loss_steps"]
     assert all(math.isfinite(v) for v in losses["bf16"] + losses["fp32"]) and losses["fp32"][-1] < losses["fp32"][0]
