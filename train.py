@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
-import numpy as np
 import torch
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from attnlab.batches import get_batch, micro_batches
 from attnlab.checkpoint import (
     TrainingState,
     build_model,
@@ -40,7 +40,7 @@ from attnlab.distributed import Processes, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
-from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, to_device
+from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops
 from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
@@ -91,26 +91,6 @@ def build_state(cfg, meta, ckpt, procs):
         check_resumable(ckpt, cfg, meta)
         state.load(ckpt)
     return cfg, state
-
-
-def get_batch(data, batch_size, block_size, generator, device):
-    """batch_size random windows of data: inputs x (B, T) and targets y = x shifted left by one."""
-    starts = torch.randint(len(data) - block_size, (batch_size,), generator=generator).numpy()
-    rows = data[starts[:, None] + np.arange(block_size + 1)]  # (B, T + 1), one gather from the memmap
-    batch = to_device(torch.from_numpy(rows.astype(np.int64)), device)  # one contiguous copy (pinned on CUDA)
-    return batch[:, :-1], batch[:, 1:]  # sliced where they are used: a strided view would copy through pageable memory
-
-
-def micro_batches(data, it, cfg, procs, grad_accum):
-    """This process's micro-batches of step it. Micro-batch k depends only on (seed, it, k), k counted across
-    ranks: a resumed run draws the same data, and 2 processes x 1 micro-step see the batches of 1 x 2."""
-    generator = torch.Generator()
-    n = procs.world_size * grad_accum
-    batches = []
-    for k in range(procs.rank * grad_accum, (procs.rank + 1) * grad_accum):
-        generator.manual_seed((cfg.train.seed * 1_000_003 + it) * n + k)
-        batches.append(get_batch(data, cfg.train.batch_size, cfg.model.block_size, generator, procs.device))
-    return batches
 
 
 @dataclass(frozen=True)

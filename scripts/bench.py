@@ -36,11 +36,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from attnlab import loss as loss_module
+from attnlab.batches import get_batch
 from attnlab.cli import at_least
 from attnlab.config import compose
 from attnlab.decode import generate_stream
@@ -512,18 +514,22 @@ def loss_curve(check, step_model, batches, steps, amp, all_mean=None):
 
 
 def warm_step(check, batch_size):
-    """A training step at batch_size on random tokens, run a few times (compilation, the allocator's first blocks,
-    the optimizer's state); the step and its batch."""
+    """A training step at batch_size, run a few times (compilation, the allocator's first blocks, the optimizer's
+    state); the step and a batch of its. Each step draws its batch as train.py does (attnlab.batches.get_batch: a
+    gather from a token array, one pinned copy to the device), from random tokens in a prepared split's dtype."""
     config = check.model.config
     optimizer = make_optimizer(check.model, check.cfg.train, check.device)
-    x, y = torch.randint(0, config.vocab_size, (2, batch_size, config.block_size), device=check.device)
+    tokens = np.random.default_rng(0).integers(0, config.vocab_size, 64 * batch_size * config.block_size,
+                                               dtype=np.uint16)
+    generator = torch.Generator().manual_seed(0)
 
     def step():
-        train_step(check.step_model, optimizer, [(x, y)], grad_clip=check.cfg.train.grad_clip, autocast=check.amp)
+        batch = get_batch(tokens, batch_size, config.block_size, generator, check.device)
+        train_step(check.step_model, optimizer, [batch], grad_clip=check.cfg.train.grad_clip, autocast=check.amp)
 
     for _ in range(check.sizes["warmup"]):
         step()
-    return step, (x, y)
+    return step, get_batch(tokens, batch_size, config.block_size, generator, check.device)
 
 
 def gpu_train(check):

@@ -1,10 +1,12 @@
-"""Properties of train.get_batch, the data loader, for any corpus length and batch shape (hypothesis). CPU, seconds."""
+"""Properties of attnlab.batches.get_batch, the data loader, for any corpus length and batch shape (hypothesis).
+CPU, seconds."""
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from train import get_batch
+from attnlab import batches as batches_module
+from attnlab.batches import get_batch
 
 CPU = torch.device("cpu")
 
@@ -43,12 +45,11 @@ def test_every_window_can_be_drawn():
 def test_a_micro_batch_is_one_contiguous_copy_sliced_where_it_lands(monkeypatch):
     """Copying the strided views x and y would go through a temporary in pageable memory on CUDA (pinning keeps the
     strides); one (B, T + 1) tensor is copied, pinned where pinning is available, and sliced on the device."""
-    import train as train_module
     copied = []
     def to_device(tensor, device):
         copied.append(tensor)
         return tensor.pin_memory() if torch.cuda.is_available() else tensor
-    monkeypatch.setattr(train_module, "to_device", to_device)
+    monkeypatch.setattr(batches_module, "to_device", to_device)
     x, y = get_batch(np.arange(100, dtype=np.uint16), 4, 8, torch.Generator().manual_seed(0), CPU)
     [batch] = copied
     assert batch.shape == (4, 9) and batch.is_contiguous()

@@ -14,6 +14,7 @@ from conftest import TINY, FakeClock, data_overrides, run_in_process, tiny_confi
 
 import attnlab.checkpoint as checkpoint_module
 import train as train_module
+from attnlab.batches import get_batch
 from attnlab.checkpoint import load_checkpoint, load_model
 from attnlab.config import ModelConfig
 from attnlab.record import read_metrics
@@ -96,7 +97,7 @@ def test_gradient_accumulation_is_derived_from_tokens_per_step(tmp_path, capsys)
 
 def test_get_batch_targets_are_inputs_shifted_by_one():
     data = np.arange(100, dtype=np.uint16)
-    x, y = train_module.get_batch(data, 16, 10, torch.Generator().manual_seed(0), torch.device("cpu"))
+    x, y = get_batch(data, 16, 10, torch.Generator().manual_seed(0), torch.device("cpu"))
     assert x.shape == y.shape == (16, 10) and x.dtype == torch.int64
     assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
 
