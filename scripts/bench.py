@@ -663,9 +663,9 @@ def gpu_losses(check):
     """bf16 autocast (the compiled step where compile is on) against plain fp32 (eager, no TF32), step by step from
     the same initial weights over the same seeded batches; the largest and mean gap against LOSS_TOLERANCE."""
     model, device, sizes = check.model, check.device, check.sizes
-    shape = (sizes["loss_batches"], 2, check.batch[0].size(0), model.config.block_size)
+    shape = (sizes["loss_batches"], check.batch[0].size(0), model.config.block_size + 1)
     tokens = torch.randint(0, model.config.vocab_size, shape, generator=torch.Generator().manual_seed(0))
-    batches = [(x, y) for x, y in tokens.to(device)]
+    batches = [(t[:, :-1], t[:, 1:]) for t in tokens.to(device)]  # views of (B, T + 1), as get_batch's: one compile
     bf16, bf16_s = loss_curve(check, check.step_model, batches, sizes["loss_steps"], check.amp)
     with full_fp32(device):
         fp32, fp32_s = loss_curve(check, model, batches, len(bf16), autocast(device, None))
