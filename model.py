@@ -88,11 +88,12 @@ def lm_loss(logits, targets, attention_mask=None):
 
 class RMSNorm(nn.RMSNorm):
     """nn.RMSNorm computed in fp32 and returned in its input's dtype: under bf16 autocast the input is bf16 and the
-    gain fp32, a mix torch's fused kernel refuses (with a warning, falling back to an unfused path). fp64 stays fp64."""
+    gain fp32 (under FSDP2's bf16 gathers the other way round), a mix torch's fused kernel refuses (with a warning,
+    falling back to an unfused path). fp64 stays fp64."""
 
     def forward(self, x):
         x32 = x.to(torch.promote_types(x.dtype, torch.float32))  # (B, T, C) in fp32 at least
-        return F.rms_norm(x32, self.normalized_shape, self.weight, self.eps).type_as(x)
+        return F.rms_norm(x32, self.normalized_shape, self.weight.to(x32.dtype), self.eps).type_as(x)
 
 
 def make_norm(config, dim):
