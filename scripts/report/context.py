@@ -195,7 +195,7 @@ def exp_context(ctx):
     """The largest data-rich pair's loss against the tokens kept and by position, and the repeat corpus's loss
     against D."""
     shutil.rmtree(RUNS / "context", ignore_errors=True)
-    budget, result = BUDGET[ctx.preset], sizes.cached_sizes(ctx)[-1]
+    budget, result = BUDGET[ctx.preset], (sizes.cached_sizes(ctx) or sizes.train_sizes(ctx))[-1]
     ks, rises = ks_for(result.plan.block_size), truncation_rises(ctx, budget, result)
     repeats = {name: repeat_test(ctx, budget, result, name) for name in lm.NAMES}
     evidence, status = context_rows(ctx, budget, result, ks, rises, repeats)
