@@ -133,7 +133,7 @@ def sizes_status(results):
     regime = [r for r in results if r.plan.tokens >= TOKENS_PER_PARAM * max(m.params for m in r.models.values())
               and len(r.runs("gpt")) >= 3]
     if len(regime) < 3:
-        return "not shown here (fewer than 3 sizes with 3 seeds at 20 tokens per parameter)"
+        return f"not shown here (fewer than 3 sizes with 3 seeds at {TOKENS_PER_PARAM:g} tokens per parameter)"
     leader, grows = ahead(regime[-1]), apart(gaps(regime[-1]), gaps(regime[0])) == 1
     if leader == "gpt" and grows:
         return "shown here"
