@@ -100,6 +100,13 @@ def shard(model, parallel, procs, dtype=None):
     return model
 
 
+def ddp_device_ids(device):
+    """DDP's device_ids: the process's own GPU (cuda:LOCAL_RANK under torchrun, --device otherwise); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return [device.index or 0]
+
+
 def wrap(model, compile, procs):
     """The model the loop calls: DDP-wrapped and/or compiled (the state keeps the plain one), and the one it
     evaluates with (compiled, not DDP). Compiled around DDP, as PyTorch advises: dynamo then splits the graph at
@@ -109,8 +116,7 @@ def wrap(model, compile, procs):
     if not procs.distributed or is_sharded(model):
         return eval_model, eval_model
     # the only buffers (RoPE and sinusoid tables) are computed identically on every rank: no per-step sync
-    ddp = DDP(model, device_ids=[procs.device.index or 0] if procs.device.type == "cuda" else None,
-              forward_sync_buffers=False)  # the process's own GPU: cuda:LOCAL_RANK under torchrun, --device otherwise
+    ddp = DDP(model, device_ids=ddp_device_ids(procs.device), forward_sync_buffers=False)
     return torch.compile(ddp) if compile else ddp, eval_model
 
 

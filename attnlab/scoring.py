@@ -59,6 +59,16 @@ class Tally:
 EVAL_LOGITS = {device: logits // 2 for device, logits in CHUNK_LOGITS.items()}
 
 
+def eval_pieces(device_type, T, vocab_size):
+    """(rows, tokens) of one scored piece of windows of T tokens: at most EVAL_LOGITS logits; only the CPU splits a
+    row into tokens (through the cache), a GPU keeps whole rows."""
+    piece = EVAL_LOGITS["cpu" if device_type == "cpu" else "cuda"]
+    rows = max(1, piece // (T * vocab_size))
+    if device_type != "cpu":
+        return rows, T
+    return rows, max(1, piece // (rows * vocab_size))
+
+
 def score_batch(model, x, y, tally, amp=nullcontext()):
     """Add windows x (B, T) and their targets y to tally; returns their mean loss, a 0-d tensor. Where a training
     step's loss would be chunked (attnlab.loss.chunks_pay), in pieces of at most EVAL_LOGITS logits: a few rows at a
@@ -71,11 +81,7 @@ def score_batch(model, x, y, tally, amp=nullcontext()):
             logits, loss = model(x, y)
         tally.add(logits, y, loss)
         return loss
-    piece = EVAL_LOGITS["cpu" if x.device.type == "cpu" else "cuda"]
-    rows = max(1, piece // (x.size(1) * vocab_size))
-    tokens = x.size(1)
-    if x.device.type == "cpu":
-        tokens = max(1, piece // (rows * vocab_size))
+    rows, tokens = eval_pieces(x.device.type, x.size(1), vocab_size)
     total = 0.0
     with amp:
         for x_rows, y_rows in zip(x.split(rows), y.split(rows)):

@@ -498,15 +498,14 @@ def loss_curve(check, step_model, batches, steps, amp, all_mean=None):
     batches taken in turn, stopping at the deadline; and the median seconds of a step after the first (which
     compiles)."""
     check.model.load_state_dict(check.initial)
-    train_cfg = check.cfg.train
-    optimizer = make_optimizer(check.model, train_cfg, check.device)
+    optimizer = make_optimizer(check.model, check.cfg.train, check.device)
     losses, times = [], []
     for i in range(steps):
         if check.deadline.left() <= 0:
             break
         sync(check.device)
         start = time.perf_counter()
-        loss = train_step(step_model, optimizer, [batches[i % len(batches)]], grad_clip=train_cfg.grad_clip,
+        loss = train_step(step_model, optimizer, [batches[i % len(batches)]], grad_clip=check.cfg.train.grad_clip,
                           autocast=amp, all_mean=all_mean)
         losses.append(float(loss))  # a float or a device tensor, whichever train_step returns
         times.append(time.perf_counter() - start)

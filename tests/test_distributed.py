@@ -262,3 +262,9 @@ def test_fp16_skips_on_every_rank_when_one_ranks_gradients_overflow(tmp_path):
     for rank in (0, 1):
         results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert results == {"ddp": (False, 512.0), "fsdp": (False, 512.0)}, rank
+
+
+def test_ddp_wraps_on_the_processs_own_gpu():
+    from attnlab.distributed import ddp_device_ids
+    assert ddp_device_ids(torch.device("cuda", 1)) == [1] and ddp_device_ids(torch.device("cuda")) == [0]
+    assert ddp_device_ids(torch.device("cpu")) is None

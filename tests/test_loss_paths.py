@@ -36,6 +36,15 @@ def test_a_chunk_is_sized_for_its_device():
     assert loss_module.chunk_rows("cpu", 10 ** 9) == 1
 
 
+def test_a_gpu_scores_whole_rows_and_only_the_cpu_splits_a_row_into_tokens():
+    """GPT-2's vocabulary at T = 1,024: the CPU's pieces are 1 row x 20 tokens (about 2,000 forwards a batch of 64,
+    through the cache, which a compiled model would recompile on); a GPU's are whole rows."""
+    from attnlab.scoring import eval_pieces
+    assert eval_pieces("cpu", 1024, 50304) == (1, 20)
+    assert eval_pieces("cuda", 1024, 50304) == (1, 1024)
+    assert eval_pieces("cuda", 128, 50304) == (10, 128)
+
+
 def training_graph(model, x, y):
     """torch._dynamo.explain of a training forward: (graphs, the reasons it broke them, FX nodes in all graphs)."""
     torch._dynamo.reset()

@@ -152,3 +152,12 @@ def test_a_gpus_peak_is_read_from_its_whole_name():
     assert peak_of("NVIDIA L4") == 121e12 and peak_of("NVIDIA L40") == 181e12 and peak_of("NVIDIA L40S") == 362e12
     assert peak_of("NVIDIA H200") == 989e12 and peak_of("NVIDIA H200 NVL") == 835e12
     assert peak_of("NVIDIA H100 80GB HBM3") == 989e12 and peak_of("NVIDIA GeForce RTX 4090") is None
+
+
+def test_a_deadline_counts_from_the_processs_start():
+    import subprocess
+    import sys
+    # a fresh interpreter that sleeps before asking: its age includes the sleep, as the GPU check's includes imports
+    code = "import time; time.sleep(0.5); from attnlab.runtime import process_age_s; print(process_age_s())"
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0.5 <= age < 60
