@@ -251,11 +251,6 @@ def effective_context(ks, rise):
     return effective
 
 
-def context_words(k, ks):
-    """An effective context in words: the smallest k tried is a floor of what this measure can tell."""
-    return f"<= {k} (the smallest k tried)" if k == ks[0] else str(k)
-
-
 def repeat_batch(tokens, batch_size, distances, span, T, alphabet, generator):
     """Windows of T + 1 tokens of text (tokens) in which one span of tokens drawn uniformly from alphabet (ids)
     appears twice, the second copy D after the first, both anywhere in the window (no fixed place to find them by); D
