@@ -55,12 +55,6 @@ class RNNState:
         return sum(t.nbytes for t in tensors)
 
 
-def mingru_params(width, vocab_size, n_layer, tied):
-    """The parameters of a minGRU model of this width, as RNN.num_params() counts them: per layer W_z, W_h, their
-    biases and a norm gain; the final norm's gain; the embedding, and an untied head."""
-    return vocab_size * width * (1 if tied else 2) + n_layer * (2 * width * width + 3 * width) + width
-
-
 def g(x):
     """minGRU's activation on the candidate state (Feng et al. 2024): x + 1/2 above zero, sigmoid below; positive, so
     every h is positive and has a logarithm."""

@@ -39,32 +39,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from attnlab import loss as loss_module
 from attnlab.batches import get_batch
 from attnlab.cli import at_least
 from attnlab.config import compose
-from attnlab.decode import generate_stream
 from attnlab.distributed import Processes, wrap
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
-from attnlab.runtime import (
-    Deadline,
-    activation_dtype,
-    alternate,
-    autocast,
-    autocast_dtype,
-    configure,
-    hardware_name,
-    peak_bytes,
-    peak_flops,
-    pick_device,
-    process_age_s,
-    sync,
-    time_steps,
-)
-from model import GPT, manual_attention
+from attnlab.runtime import activation_dtype, autocast, autocast_dtype, configure, peak_flops, pick_device, sync
+from model import GPT, CausalSelfAttention, GPTConfig
+from scripts.timing import Deadline, hardware_name, layer_costs, peak_bytes, process_age_s, time_steps, token_times
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root, where train.py runs
 CHAR_VOCAB = 65  # tiny Shakespeare's characters
@@ -138,24 +123,13 @@ def train_section(args, device, sizes):
     table(["config", "shape", "params", "optimizer", "dtype", "ms/iter", "tokens/s", "MFU"], rows)
 
 
-def time_tokens(model, prompt, new_tokens, kv_cache, device, generator):
-    """Seconds for each new token, from the prompt on."""
-    times, last = [], time.perf_counter()
-    for _ in generate_stream(model, prompt, new_tokens, kv_cache=kv_cache, generator=generator):
-        sync(device)
-        now = time.perf_counter()
-        times.append(now - last)
-        last = now
-    return times
-
-
 def compare_cache(model, prompt, new_tokens, rounds, device):
     """Per-token seconds with and without the KV cache, alternating; the per-round lists of each."""
     runs = {True: [], False: []}
     generator = torch.Generator(device).manual_seed(0)
     for _ in range(rounds):
         for kv_cache in runs:
-            runs[kv_cache].append(time_tokens(model, prompt, new_tokens, kv_cache, device, generator))
+            runs[kv_cache].append(token_times(model, prompt, new_tokens, kv_cache, device, generator))
     return runs
 
 
@@ -178,29 +152,18 @@ def sample_section(args, device, sizes):
 
 
 def attention_section(args, device, sizes):
-    paths = {"fused (SDPA)": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-             "manual": lambda q, k, v: manual_attention(q, k, v, None, True)[0]}
-    rows = []
-    for T in sizes["lengths"]:
-        q, k, v, grad = (torch.randn(1, 4, T, 64, device=device, requires_grad=i < 3) for i in range(4))
-
-        def step(attend):
-            q.grad = k.grad = v.grad = None
-            attend(q, k, v).backward(grad)
-
-        fns = {name: lambda attend=attend: step(attend) for name, attend in paths.items()}
-        for fn in fns.values():
-            fn()
-        seconds = alternate(fns, sizes["rounds"], device)
-        memory = {}
-        for name, fn in fns.items():
-            q.grad = k.grad = v.grad = None  # freed before measuring, so the peak counts this call's tensors only
-            memory[name] = peak_bytes(fn, device)
-        fused, manual = paths
-        rows.append([T, f"{seconds[fused] * 1e3:.2f}", f"{seconds[manual] * 1e3:.2f}",
-                     f"{memory[fused] / 2**20:.1f}", f"{memory[manual] / 2**20:.1f}",
-                     f"{memory[fused] / memory[manual]:.3f}"])
-    print("### Causal attention, forward + backward (B=1, n_head=4, head size 64, fp32)\n")
+    """One attention layer's forward and backward, fused (SDPA) against the T x T weights written out: the report's
+    long part times the same layers with the same code (scripts/timing.layer_costs)."""
+    base = GPTConfig(n_embd=256, n_head=4, block_size=max(sizes["lengths"]))
+    layers = {"fused (SDPA)": CausalSelfAttention(base, 0),
+              "manual": CausalSelfAttention(replace(base, attn="manual"), 0)}
+    seconds, memory, _ = layer_costs({name: layer.to(device) for name, layer in layers.items()}, sizes["lengths"],
+                                     base.n_embd, sizes["rounds"], device)
+    s, m = (lambda name, T: f"{seconds[name][T] * 1e3:.2f}"), (lambda name, T: f"{memory[name][T] / 2**20:.1f}")
+    fused, manual = layers
+    rows = [[T, s(fused, T), s(manual, T), m(fused, T), m(manual, T), f"{memory[fused][T] / memory[manual][T]:.3f}"]
+            for T in sizes["lengths"]]
+    print("### One causal self-attention layer, forward + backward (B=1, 4 heads of 64, fp32)\n")
     table(["T", "ms, fused", "ms, manual", "peak MiB, fused", "peak MiB, manual", "memory fused/manual"], rows)
 
 

@@ -7,7 +7,7 @@ import torch
 from conftest import words_corpus
 
 import scripts.bench as bench
-from attnlab.runtime import Deadline, hardware_name
+from scripts.timing import Deadline, hardware_name
 
 
 def test_quick_bench_prints_every_default_section(capsys):
@@ -15,7 +15,7 @@ def test_quick_bench_prints_every_default_section(capsys):
     out = capsys.readouterr().out
     machine = hardware_name(torch.device("cpu"))
     assert out.splitlines()[0] == f"## attnlab bench (quick): {machine}, torch {torch.__version__}"
-    for title in ("Training throughput", "Sampling", "Causal attention", "Generation"):
+    for title in ("Training throughput", "Sampling", "One causal self-attention layer", "Generation"):
         assert f"### {title}" in out
     assert "### Speedrun" not in out and "### Ablation" not in out  # whole runs only when asked for
     for name in (*bench.PRESETS, "GPT-2 124M"):

@@ -1,6 +1,6 @@
-"""scripts/report/context.py, reason (b): the lm and context experiments end to end on tiny models (the lm runs
-in process), the truncation, the repeat corpus with its own tuning, the effective context, and each rule (lm,
-context) both ways on synthetic numbers."""
+"""scripts/report/context.py, reason (b)'s context use: with the lm experiment, end to end on tiny models (the runs
+in process); the truncation, the repeat corpus with its own tuning, the effective context, and the rule both ways on
+synthetic numbers."""
 
 import numpy as np
 import pytest
@@ -11,17 +11,18 @@ from conftest import compose, words_corpus
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.record import RunLog
-from scripts.report import Context, context, lm, sizes
+from scripts.report import Context, context, lm, sizes, tasks
 from train import train
 
-LM_TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
-               adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), muon_lrs=dict(gpt=[0.05], lstm=[0.07]), grid_seeds=1, seeds=2,
-               evals=2, eval_iters=1, select_windows=4, test_windows=8, windows=[8])
-SIZES_TINY = dict(gpt=[(1, 2, 16), (1, 2, 24)], block_size=16, batch_size=4, muon_lrs=dict(gpt=[0.05], lstm=[0.07]),
-                  adamw_lrs=dict(gpt=[1e-2], lstm=[3e-2]), widen=0, seeds=3, evals=2, eval_iters=1, select_windows=4,
-                  test_windows=8, train_windows=4)
-TINY = dict(windows=8, distances=[4, 8], span=4, context=16, batch_size=4, steps=10,
-            adamw_lrs=dict(gpt=[2e-3], lstm=[4e-3]), muon_lrs=dict(gpt=[0.03], lstm=[0.09]), sequences=8)
+ADAMW, MUON = (("gpt", (1e-2,)), ("lstm", (3e-2,))), (("gpt", (0.05,)), ("lstm", (0.07,)))
+LM_TINY = lm.Budget(gpt=("model.n_layer=1", "model.n_head=2", "model.n_embd=16"), block_size=16, batch_size=4,
+                    steps=8, adamw_lrs=ADAMW, muon_lrs=MUON, seeds=2, evals=2, eval_iters=1, select_windows=4,
+                    test_windows=8)
+SIZES_TINY = sizes.Budget(gpt=((1, 2, 16), (1, 2, 24)), block_size=16, batch_size=4, muon_lrs=MUON, adamw_lrs=ADAMW,
+                          widen=0, seeds=3, evals=2, eval_iters=1, select_windows=4, test_windows=8, train_windows=4)
+TINY = context.Budget(windows=8, distances=(4, 8), span=4, context=16, batch_size=4, steps=10,
+                      adamw_lrs=(("gpt", (2e-3,)), ("lstm", (4e-3,))), muon_lrs=(("gpt", (0.03,)), ("lstm", (0.09,))),
+                      sequences=8)
 
 
 def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
@@ -32,15 +33,15 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(sizes, "TOKENS_PER_PARAM", 0.05)
     monkeypatch.setattr(lm, "run_train_py", lambda overrides: train(compose(*overrides)))  # in-process: seconds
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
-    made, make = [], context.make_optimizer
-    monkeypatch.setattr(context, "make_optimizer", lambda model, cfg, dev: made.append(cfg) or make(model, cfg, dev))
+    made, make = [], tasks.make_optimizer
+    monkeypatch.setattr(tasks, "make_optimizer", lambda model, cfg, dev: made.append(cfg) or make(model, cfg, dev))
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", str(words_corpus(tmp_path / "corpus.txt")))
     ctx.out.mkdir()
-    context.exp_lm(ctx)
+    lm.exp_lm(ctx)
     sizes.train_sizes(ctx)
     context.exp_context(ctx)  # reads the sizes runs back
     assert {p.name for p in ctx.out.glob("*.png")} == {"lm.png", "context.png"}
-    result = lm.load_lm()
+    result = lm.cached_lm(ctx)
 
     rows = {r["measure"].split(" (")[0].split(",")[0]: r for r in ctx.rows if r["experiment"] == "lm"}
     vocab = result.vocab
@@ -54,12 +55,12 @@ def test_lm_and_context_end_to_end(tmp_path, monkeypatch):
     assert f"train.time_budget_s={result.budget_s:g}" in rows["test loss at equal wall time"]["note"]
     assert "not evidence for (b)" in rows["test loss at equal wall time"]["measure"]
     verdicts = {v["experiment"]: v for v in ctx.verdicts}
-    assert "lm" not in verdicts and verdicts["context"]["rule"] == context.CONTEXT_RULE  # lm decides nothing
+    assert "lm" not in verdicts and verdicts["context"]["rule"] == context.RULE  # lm decides nothing
 
     rows = {r["measure"].split(",")[0].split(" (")[0]: r for r in ctx.rows if r["experiment"] == "context"}
     rise = rows["loss rise at the last position"]
     assert rise["measure"].endswith("k = 1 / 2 / 4 / 8") and len(rise["gpt"].split(" / ")) == 4
-    assert "largest data-rich pair" in rise["note"] and "1x24" in rise["note"]
+    assert "1x24" in rise["note"]  # the largest sizes pair
     effective = rows["effective context per seed"]
     assert all(len(effective[side].split(", ")) == 3 for side in ("gpt", "lstm"))  # one per seed of the sizes runs
     assert all(k in ("1", "2", "4", "8", "16") for side in ("gpt", "lstm") for k in effective[side].split(", "))
@@ -111,9 +112,9 @@ def test_the_span_repeats_at_distance_d():
 @pytest.mark.parametrize("preset", sorted(context.BUDGET))
 def test_every_presets_repeat_corpus_fits_its_window(preset):
     b = context.BUDGET[preset]
-    assert b["span"] <= min(b["distances"])  # the two copies never overlap, so every copyable token is a copy
-    assert max(b["distances"]) + b["span"] <= b["context"] + 1  # the pair fits the window at the largest D
-    assert set(b["adamw_lrs"]) == set(b["muon_lrs"]) == set(lm.NAMES)
+    assert b.span <= min(b.distances)  # the two copies never overlap, so every copyable token is a copy
+    assert max(b.distances) + b.span <= b.context + 1  # the pair fits the window at the largest D
+    assert set(dict(b.adamw_lrs)) == set(dict(b.muon_lrs)) == set(lm.NAMES)
 
 
 def test_training_distances_span_the_test_distances_too_densely_to_learn_each_by_position():

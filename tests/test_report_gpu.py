@@ -9,8 +9,9 @@ import pytest
 from conftest import compose, words_corpus
 
 from attnlab.record import read_metrics
-from attnlab.runtime import Deadline, native_bf16
+from attnlab.runtime import native_bf16
 from scripts.report import gpu
+from scripts.timing import Deadline
 from train import train
 
 

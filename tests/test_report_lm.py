@@ -1,11 +1,10 @@
 """scripts/report/lm.py: the language-model runs end to end on tiny models (train.py trains them, their checkpoints
 are scored, grid points written), the typed result the other experiments read back, and the measures: the loss at
 each position and whether it changes above the seed spread, the n-gram baselines against a hand count, equal-time runs
-through train.time_budget_s, and a model run at twice its training length. The lm experiment's rows and verdict are
-context.py's (tests/test_report_context.py)."""
+through train.time_budget_s, and a model run at twice its training length."""
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +16,15 @@ from conftest import compose, words_corpus
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.record import RunLog, read_metrics
-from scripts.report import Context, context, lm
+from scripts.report import Context, lm
 from scripts.report.mechanism import gradient_paths
 from scripts.report.protocol import Recipe, Tuned
 from train import train
 
-TINY = dict(gpt=["model.n_layer=1", "model.n_head=2", "model.n_embd=16"], block_size=16, batch_size=4, steps=8,
-            adamw_lrs=dict(gpt=[1e-3, 1e-2, 3e-2], lstm=[3e-3, 3e-2]),
-            muon_lrs=dict(gpt=[0.01, 0.02], lstm=[0.01, 0.02]), grid_seeds=1, seeds=3, evals=4, eval_iters=2,
-            select_windows=None, test_windows=None)
+TINY = lm.Budget(gpt=("model.n_layer=1", "model.n_head=2", "model.n_embd=16"), block_size=16, batch_size=4, steps=8,
+                 adamw_lrs=(("gpt", (1e-3, 1e-2, 3e-2)), ("lstm", (3e-3, 3e-2))),
+                 muon_lrs=(("gpt", (0.01, 0.02)), ("lstm", (0.01, 0.02))), seeds=3, evals=4, eval_iters=2,
+                 select_windows=None, test_windows=None)
 
 
 @pytest.fixture
@@ -56,18 +55,18 @@ def mean(cell):
 @pytest.mark.slow
 def test_lm_trains_both_models_with_train_py(tiny_report, monkeypatch):
     ctx = tiny_report
-    monkeypatch.setitem(lm.BUDGET, "quick", {**TINY, "adamw_lrs": dict(gpt=[1e-2], lstm=[3e-2]),
-                                             "muon_lrs": dict(gpt=[0.02], lstm=[0.02]), "seeds": 1})
-    context.exp_lm(ctx)
+    monkeypatch.setitem(lm.BUDGET, "quick", replace(TINY, adamw_lrs=(("gpt", (1e-2,)), ("lstm", (3e-2,))),
+                                                    muon_lrs=(("gpt", (0.02,)), ("lstm", (0.02,))), seeds=1))
+    lm.exp_lm(ctx)
     gradient_paths(ctx)  # reads the best runs' checkpoints back
     for name, type in (("gpt", "gpt"), ("lstm", "lstm")):
-        out = lm.best_run(name)
+        out = lm.best_run(ctx, name)
         receipt = json.loads((out / "config.json").read_text())
         model = receipt["config"]["model"]
         assert receipt["argv"][0].endswith("train.py")  # a train.py process made it
         assert (model["type"], model["block_size"]) == (type, 16)  # the overrides reached it
         assert read_metrics(out, "eval")[-1]["iter"] == 8
-    result = lm.load_lm()
+    result = lm.cached_lm(ctx)
     assert result.corpus == "corpus.txt"
     for name in lm.NAMES:  # each equal-time run was a train.py run on a time budget, at the equal-token recipe
         train_cfg = json.loads((Path(result.timed[name][0].out) / "config.json").read_text())["config"]["train"]
@@ -86,7 +85,7 @@ def test_a_reader_of_the_lm_runs_trains_them_when_missing_each_model_tuned_on_bo
     grid_points = len(ctx.grid)
     lm.lm_results(ctx)
     assert len(ctx.grid) == grid_points  # the second reader reused the runs
-    result = lm.load_lm()
+    result = lm.cached_lm(ctx)
     grid = [p for p in ctx.grid if p["experiment"] == "lm" and p["setting"].startswith("context=16 ")
             and "time=" not in p["setting"]]  # equal tokens
     for name in lm.NAMES:
@@ -94,7 +93,7 @@ def test_a_reader_of_the_lm_runs_trains_them_when_missing_each_model_tuned_on_bo
             tuned = result.optimizer(name, optimizer)
             selection = {p["lr"]: p["value"] for p in grid if p["model"] == name and p["metric"] == "selection loss"
                          and p["seed"] == 0 and p["setting"].split()[1] == optimizer}
-            lrs = TINY["adamw_lrs" if optimizer == "adamw" else "muon_lrs"][name]
+            lrs = dict(TINY.adamw_lrs if optimizer == "adamw" else TINY.muon_lrs)[name]
             assert set(lrs) <= set(selection)  # every grid point is in the grid table (widened or not)
             assert sorted(selection) == tuned.lrs  # the rows name the grid tried
             assert tuned.recipe.grid_lr == min(selection, key=selection.get)  # the selection loss, not the test's
@@ -103,14 +102,14 @@ def test_a_reader_of_the_lm_runs_trains_them_when_missing_each_model_tuned_on_bo
         assert muon.recipe.lr == result.optimizer(name, "adamw").recipe.lr  # its AdamW part at AdamW's choice
         best = result.tuned[name]
         assert best.recipe in (result.optimizer(name, "adamw").recipe, muon.recipe)
-        assert lm.best_run(name) == Path(best.runs[0].out)
+        assert lm.best_run(ctx, name) == Path(best.runs[0].out)
         assert [r.seed for r in result.timed[name]] == [0, 1, 2]
         assert {r.recipe for r in result.timed[name]} == {best.recipe}  # the equal-token recipe, not tuned again
     capped = [p for p in ctx.grid if "time=" not in p["setting"]]
-    assert {p["steps"] for p in capped} == {TINY["steps"]}  # every equal-token run, of both models, to the same cap
+    assert {p["steps"] for p in capped} == {TINY.steps}  # every equal-token run, of both models, to the same cap
     batch = {json.loads((d / "config.json").read_text())["config"]["train"]["batch_size"]
              for d in (lm.RUNS / "lm").iterdir() if d.is_dir()}
-    assert batch == {TINY["batch_size"]}
+    assert batch == {TINY.batch_size}
 
 
 def fake_run(out="run", seed=0, recipe=Recipe("adamw", 1e-3), test=2.0):
@@ -134,22 +133,24 @@ def fake_result(tmp_path):
     return result
 
 
-def test_the_lm_result_saves_and_loads_as_it_was(tmp_path, monkeypatch):
+def test_the_lm_result_saves_and_loads_as_it_was_while_its_checkpoints_are_there(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = fake_result(tmp_path)
-    result.save()
-    assert json.loads(lm.RESULT.read_text())["tuned"]["gpt"]["recipe"] == dict(optimizer="muon", lr=3e-3, muon_lr=0.04)
-    loaded = lm.load_lm()
+    ctx = Context("quick", torch.device("cpu"), tmp_path, data_path="corpus.txt")
+    assert lm.cached_lm(ctx) is None  # before the lm training
+    lm.save_results(lm.RESULT, [result])
+    assert json.loads(lm.RESULT.read_text())[0]["tuned"]["gpt"]["recipe"] == dict(optimizer="muon", lr=3e-3,
+                                                                                  muon_lr=0.04)
+    assert lm.cached_lm(ctx) is None  # the runs' checkpoints are not there
+    for name in lm.NAMES:
+        for run in [*result.runs(name), *result.timed[name]]:
+            Path(run.out).mkdir()
+            Path(run.out, "ckpt.pt").touch()
+    loaded = lm.cached_lm(ctx)
     assert asdict(loaded) == asdict(result) and loaded.ngram == result.ngram
     assert loaded.optimizer("lstm", "adamw").recipe == Recipe("adamw", 1e-2) and loaded.optimizer("lstm", "adamw").edge
-    assert [r.seed for r in loaded.runs("gpt")] == [0, 1] and lm.best_run("gpt") == Path("gpt-muon-0")
-
-
-def test_no_result_before_the_lm_training(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert lm.load_lm() is None
-    with pytest.raises(FileNotFoundError, match="--only lm"):
-        lm.best_run("gpt")
+    assert [r.seed for r in loaded.runs("gpt")] == [0, 1] and lm.best_run(ctx, "gpt") == Path("gpt-muon-0")
+    assert lm.cached_lm(replace(ctx, preset="full")) is None  # another preset's runs
 
 
 def test_equal_time_runs_train_through_train_py_time_budget(tiny_report, monkeypatch):
@@ -161,10 +162,10 @@ def test_equal_time_runs_train_through_train_py_time_budget(tiny_report, monkeyp
         train(compose(*overrides))
     monkeypatch.setattr(lm, "run_train_py", train_in_process)
     monkeypatch.setattr(RunLog, "plot", lambda self: None)
-    result = lm.lm_setup(ctx)
-    run = lm.lm_run(ctx, result.plan, "lm", result.models["lstm"], "context=16 time=0.3s", Recipe("muon", 3e-3, 0.02),
-                    1, seconds=0.3)
-    cap = lm.MAX_ITERS_PER_CAP * TINY["steps"]
+    data_dir, _, models = lm.pair_models(ctx, TINY.gpt, TINY.block_size)
+    run = lm.lm_run(ctx, lm.Plan.of(data_dir, TINY), "lm", models["lstm"], "context=16 time=0.3s",
+                    Recipe("muon", 3e-3, 0.02), 1, seconds=0.3)
+    cap = lm.MAX_ITERS_PER_CAP * TINY.steps
     [overrides] = calls
     assert {"train.time_budget_s=0.3", "train.optimizer=muon", f"train.max_iters={cap}", "train.learning_rate=0.003",
             "train.muon_lr=0.02", "train.seed=1"} <= set(overrides)

@@ -1,19 +1,19 @@
 """scripts/report/parallel.py: the rule's three outcomes on synthetic numbers, FLOPs per token matched across the
-models, batch = tokens / T, the part end to end at tiny sizes, a GPU run's verdict; and runtime.time_steps, the one
+models, batch = tokens / T, the part end to end at tiny sizes, a GPU run's verdict; and timing.time_steps, the one
 way scripts/bench.py and the report time a training step. No wall-clock asserts."""
 import json
 
 import pytest
 import torch
 
-import attnlab.runtime as runtime
 import scripts.bench as bench
+import scripts.timing as timing
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from scripts.report import Context, parallel
 
 CPU = torch.device("cpu")
-TINY = dict(width=32, n_layer=1, window=4, lengths=(4, 16), step_lengths=(4, 16), tokens=16, rounds=2)
+TINY = parallel.Budget(width=32, n_layer=1, window=4, lengths=(4, 16), step_lengths=(4, 16), tokens=16, rounds=2)
 
 
 def has_mingru():
@@ -68,13 +68,13 @@ def test_the_models_do_equal_flops_per_token_at_every_length_and_the_gpt_keeps_i
     budget = parallel.BUDGET[preset]
     configs = parallel.parallel_models(budget)
     models = {name: build_model(cfg) for name, cfg in configs.items()}
-    assert configs["gpt"].window == budget["window"] <= min(budget["lengths"])
-    for T in budget["lengths"]:
+    assert configs["gpt"].window == budget.window <= min(budget.lengths)
+    for T in budget.lengths:
         gpt = models["gpt"].flops_per_token(T)
-        assert gpt == models["gpt"].flops_per_token(budget["window"])  # constant in T past the window
+        assert gpt == models["gpt"].flops_per_token(budget.window)  # constant in T past the window
         for name in ("lstm", "mingru"):
             assert models[name].flops_per_token(T) == pytest.approx(gpt, rel=0.02)
-    assert budget["lengths"][-1] == budget["tokens"] and budget["rounds"] >= 10  # batch 1 at the end; 10 rounds
+    assert budget.lengths[-1] == budget.tokens and budget.rounds >= 10  # batch 1 at the end; 10 rounds
 
 
 def test_a_gpu_run_adds_its_own_verdict_and_a_smoke_run_does_not(tmp_path, monkeypatch):
@@ -99,25 +99,15 @@ def test_a_gpu_run_adds_its_own_verdict_and_a_smoke_run_does_not(tmp_path, monke
                                 )[1] == "not shown here"
 
 
-def test_time_steps_warms_up_sizes_the_calls_and_gives_seconds_per_step(monkeypatch):
-    calls = []
-    monkeypatch.setattr(runtime, "seconds_of", lambda fn, device: fn() or 0.01)  # every call "takes" 10 ms
-    seconds = runtime.time_steps({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, CPU, warmup=2,
-                                 call_s=0.05)
-    assert calls.count("a") == calls.count("b") == 2 + 1 + 3 * 5  # warm-up, the sizing step, 3 calls of 5 steps
-    assert seconds == {"a": [pytest.approx(0.002)] * 3, "b": [pytest.approx(0.002)] * 3}
-    assert calls[-10:] == ["a"] * 5 + ["b"] * 5  # the last round: a's call, then b's
-
-
 @requires_mingru
 def test_bench_and_the_report_time_their_steps_with_the_same_timer(tmp_path, monkeypatch, capsys):
     used = []
 
     def recording(steps, rounds, device, **kwargs):
         used.append(sorted(map(str, steps)))
-        return runtime.time_steps(steps, rounds, device, **kwargs)
+        return timing.time_steps(steps, rounds, device, **kwargs)
 
-    assert bench.time_steps is parallel.time_steps is runtime.time_steps
+    assert bench.time_steps is parallel.time_steps is timing.time_steps
     monkeypatch.setattr(bench, "time_steps", recording)
     monkeypatch.setattr(parallel, "time_steps", recording)
     bench.main(["--quick", "--only", "train"])
@@ -150,7 +140,7 @@ def test_parallel_writes_rows_figure_grid_and_verdict_at_batch_tokens_over_t(tmp
     assert {(B, T) for _, _, (B, T), _ in shapes} == {(4, 4), (1, 16)}  # batch = tokens / T
     assert {(name, scan, threads) for name, scan, _, threads in shapes} == {
         ("GPT", None, 1), ("GPT", None, 2), ("RNN", True, 1), ("RNN", True, 2), ("RNN", False, 1)}
-    per_point = 1 + 1 + TINY["rounds"]  # warm-up, sizing step, rounds
+    per_point = 1 + 1 + TINY.rounds  # warm-up, sizing step, rounds
     assert len(shapes) == per_point * 2 * (3 * 2 + 1)  # lengths x (3 models x 2 thread counts + the minGRU's steps)
     assert (tmp_path / "parallel.png").exists()
     found = {r["measure"]: r for r in ctx.rows}

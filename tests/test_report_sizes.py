@@ -13,9 +13,10 @@ from scripts.report import Context, lm, sizes
 from scripts.report.protocol import Recipe, Tuned
 from train import train
 
-TINY = dict(gpt=[(1, 2, 8), (1, 2, 16), (1, 2, 24)], block_size=16, batch_size=4,
-            muon_lrs=dict(gpt=[0.02, 0.05], lstm=[0.05, 0.1]), adamw_lrs=dict(gpt=[3e-3, 1e-2], lstm=[3e-3, 1e-2]),
-            widen=1, seeds=3, evals=2, eval_iters=1, select_windows=4, test_windows=8, train_windows=4)
+TINY = sizes.Budget(gpt=((1, 2, 8), (1, 2, 16), (1, 2, 24)), block_size=16, batch_size=4,
+                    muon_lrs=(("gpt", (0.02, 0.05)), ("lstm", (0.05, 0.1))),
+                    adamw_lrs=(("gpt", (3e-3, 1e-2)), ("lstm", (3e-3, 1e-2))), widen=1, seeds=3, evals=2, eval_iters=1,
+                    select_windows=4, test_windows=8, train_windows=4)
 
 
 @pytest.fixture
@@ -44,14 +45,14 @@ def test_sizes_end_to_end(tiny_sizes):
             tuned = r.tuned[name]
             assert sorted(tuned.runs) == [0, 1, 2] and tuned.recipe.optimizer == "muon"
             assert tuned.recipe.muon_lr == tuned.others[0].recipe.muon_lr  # the lr grid ran at the chosen muon_lr
-            assert {rec.lr for rec, _ in tuned.tried} >= set(TINY["adamw_lrs"][name])
+            assert {rec.lr for rec, _ in tuned.tried} >= set(dict(TINY.adamw_lrs)[name])
     rows = {r["measure"]: r for r in ctx.rows if r["experiment"] == "sizes"}
     vocab = len(set("".join(WORDS)) | {" "})
     for side in ("gpt", "lstm"):
         losses = [float(v.split(" [")[0]) for v in rows["test loss by size, final weights"][side].split(" / ")]
         assert len(losses) == 3 and all(0 < v < math.log(vocab) for v in losses)
     [verdict] = [v for v in ctx.verdicts if v["experiment"] == "sizes"]
-    assert verdict["rule"] == sizes.SIZES_RULE
+    assert verdict["rule"] == sizes.RULE
     assert verdict["status"] in rows["gap, LSTM - GPT test loss, by size"]["note"]
     # every run a recipe trained once: seeds 1-2 only at the chosen recipe, grid points on seed 0
     points = [(p["model"], p["setting"], p["lr"], p["seed"]) for p in ctx.grid if p["metric"] == "test loss"]

@@ -117,7 +117,7 @@ def stdlib_run(root):
 @pytest.mark.slow
 def test_exp_text_writes_its_figure_and_rows(tmp_path, monkeypatch, one_thread):
     run = stdlib_run(tmp_path)
-    monkeypatch.setitem(text.BUDGET, "quick", dict(windows=100))
+    monkeypatch.setitem(text.BUDGET, "quick", 100)
     ctx = Context("quick", torch.device("cpu"), tmp_path / "report", hardware="test")
     ctx.out.mkdir()
     text.exp_text(ctx, run)

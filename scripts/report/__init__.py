@@ -1,23 +1,12 @@
-"""The attention-vs-RNN report's experiments; `python -m scripts.report` runs them (its PARTS table is the schedule).
+"""The attention-vs-RNN report: `python -m scripts.report` runs its experiments (__main__.PARTS is the schedule).
 
-    protocol.py   the protocol every comparison follows: recipes, each model tuned on its own optimizers' grids,
-                  seeds, the summaries a verdict reads
-    parallel.py   reason (a): FLOP/s and the thread speedup against the batch at a fixed tokens per step, a windowed
-                  GPT against the LSTM and minGRU of equal FLOPs per token; minGRU's scan against its own steps
-    context.py    reason (b): language modelling at equal tokens and equal time, context use (truncation, a repeat)
-    sizes.py      reason (b): the LSTM-GPT gap against model size, decided only where the data regime allows
-    retrieval.py  reason (c): induction as learning speed, MQAR against bytes of state (GPT, LSTM, minGRU)
-    lm.py         the language-model runs (train.py) that context, sizes, positions, window and text read
-    tasks.py      the synthetic tasks, the equal-size model trio and the short loop that trains on them
-    mechanism.py  why the formula is what it is: √d_k, a worked example, paths and sequential steps, gradients
-    text.py       what a trained GPT's heads attend to in real code
-    cost.py       one layer's time and memory at long contexts, and decoding's time and memory
-    gpu.py        reason (a) on one GPU: `python -m scripts.report.gpu` (--smoke on the CPU)
+One file per experiment, each with its budget and, where it decides one of the three reasons, its rule: lm.py,
+sizes.py, context.py (reason b), induction.py, mqar.py (c), parallel.py (a; gpu.py on a GPU), and the illustrations
+mechanism.py, text.py, cost.py. protocol.py is how every model is tuned, tasks.py what the experiments share (models
+of equal size, the synthetic tasks, the one training loop). docs/report.md says the protocol in words.
 
-Each experiment is a function of a Context: it appends rows to the results table (ctx.row), every trained grid
-point to the grid table (ctx.grid_point), what it decides about one of the three reasons attention replaced RNNs by
-its stated rule (ctx.verdict) and saves its figures (ctx.save), each figure labelled with its models, budget and
-hardware.
+Each experiment is a function of a Context: it appends rows (ctx.row), every trained grid point (ctx.grid_point), its
+verdict by its rule (ctx.verdict), and its figures (ctx.save), each labelled with its models, budget and hardware.
 """
 import time
 from dataclasses import dataclass, field
@@ -26,7 +15,7 @@ from pathlib import Path
 import matplotlib
 import torch
 
-from attnlab.runtime import hardware_name
+from scripts.timing import hardware_name
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -44,7 +33,7 @@ STATUSES = ("shown here", "not shown here", "contradicted here")
 
 @dataclass
 class Context:
-    preset: str  # quick | full: each experiment module's BUDGET[preset] says what it may spend
+    preset: str  # quick | full: each experiment's BUDGET[preset] says what it may spend
     device: torch.device
     out: Path  # where figures and tables go
     data_path: str | None = None  # a text file for the language-model experiments (None: the stdlib corpus)
@@ -64,9 +53,8 @@ class Context:
                               seconds=round(seconds, 1), metric=metric, value=value))
 
     def verdict(self, experiment, reason, evidence, status, rule=""):
-        """What experiment decides about reason (a key of REASONS): rule is the test, a module constant written
-        before the run; evidence the deciding numbers in words; status one of STATUSES, optionally followed by
-        " (why)", e.g. "not shown here (needs a GPU)", chosen by the code from the measured numbers by that rule."""
+        """What experiment decides about reason (a key of REASONS) by its rule: evidence, the deciding numbers in
+        words; status one of STATUSES, optionally followed by " (why)"."""
         if reason not in REASONS or status.split(" (")[0] not in STATUSES:
             raise ValueError(f"reason {reason!r} / status {status!r}: pick from {list(REASONS)} / {STATUSES}")
         self.verdicts.append(dict(experiment=experiment, reason=reason, rule=rule, evidence=evidence, status=status))
@@ -80,8 +68,8 @@ class Context:
 
 
 def run_part(ctx, experiment, threads):
-    """One experiment function on a fresh copy of ctx in this (worker) process at threads: its rows, grid, verdicts,
-    seconds and hardware, which names the thread count it ran with."""
+    """One experiment on a fresh copy of ctx in this (worker) process at threads: its rows, grid, verdicts, seconds
+    and hardware, which names the thread count it ran with."""
     torch.set_num_threads(threads)
     part = Context(ctx.preset, ctx.device, ctx.out, ctx.data_path, hardware_name(ctx.device), ctx.text_run)
     t0 = time.time()

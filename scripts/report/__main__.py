@@ -27,16 +27,18 @@ import torch
 from tqdm import tqdm
 
 from attnlab.cli import at_least
-from attnlab.runtime import hardware_name, pick_device
+from attnlab.runtime import pick_device
 from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
-from scripts.report.context import exp_context, exp_lm
+from scripts.report.context import exp_context
 from scripts.report.cost import exp_generation, exp_long
-from scripts.report.lm import cached_lm
+from scripts.report.induction import exp_induction
+from scripts.report.lm import cached_lm, exp_lm
 from scripts.report.mechanism import exp_paths, exp_scaling
+from scripts.report.mqar import exp_mqar
 from scripts.report.parallel import exp_parallel
-from scripts.report.retrieval import exp_induction, exp_mqar
 from scripts.report.sizes import cached_sizes, exp_sizes
 from scripts.report.text import exp_text
+from scripts.timing import hardware_name
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,37 @@
 """What each model costs beyond training: one layer's time and memory at long contexts, beside the remedies (fused
 kernels, a sliding window); decoding time and memory. scripts/report/parallel.py measures training throughput."""
-from dataclasses import replace
-from functools import partial
+import statistics
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import NullLocator
-from tqdm import tqdm
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
-from attnlab.runtime import alternate, peak_bytes
 from model import CausalSelfAttention, GPTConfig, KVCache
-from scripts.report.tasks import lstm_preset
+from scripts.report.tasks import VOCAB, lstm_preset
+from scripts.timing import layer_costs, token_times
 
-VOCAB = 96  # the stdlib corpus's characters
 WINDOW = 256  # the windowed GPT's window in long and generation: each query sees itself and 255 tokens before it
-BUDGET = {
-    # long: one layer's forward and backward at each length, `long_rounds` rounds; a path stops where growth as T²
-    # from its last point predicts more than memory_cap bytes or time_cap_s seconds per call.
-    # generation: new_tokens decoded (median per token) after each of the contexts
-    "quick": dict(long_lengths=(256, 512, 1024, 2048, 4096, 8192), long_rounds=3, memory_cap=2 * 2**30, time_cap_s=10,
-                  contexts=(64, 256, 1024, 4096), new_tokens=32),
-    "full": dict(long_lengths=(256, 512, 1024, 2048, 4096, 8192, 16384), long_rounds=3, memory_cap=8 * 2**30,
-                 time_cap_s=30, contexts=(64, 256, 1024, 4096, 16384), new_tokens=64),
-}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """long: one layer's forward and backward at each length, long_rounds rounds; a path stops where growth as T²
+    from its last point predicts more than memory_cap bytes or time_cap_s seconds a call. generation: new_tokens
+    decoded (median per token) after each of the contexts."""
+    long_lengths: tuple = (256, 512, 1024, 2048, 4096, 8192)
+    long_rounds: int = 3
+    memory_cap: int = 2 * 2**30
+    time_cap_s: float = 10
+    contexts: tuple = (64, 256, 1024, 4096)
+    new_tokens: int = 32
+
+
+QUICK = Budget()
+BUDGET = dict(quick=QUICK, full=replace(QUICK, long_lengths=(*QUICK.long_lengths, 16384), memory_cap=8 * 2**30,
+                                        time_cap_s=30, contexts=(*QUICK.contexts, 16384), new_tokens=64))
 
 
 def length_axis(ax, lengths, label):
@@ -34,49 +41,20 @@ def length_axis(ax, lengths, label):
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def forward_backward(layer, x, grad):
-    """One layer's forward and backward; the gradients are dropped after, so every call starts from the same memory."""
-    y = layer(x)
-    if isinstance(layer, torch.nn.LSTM):
-        y = y[0]  # (output, state)
-    y.backward(grad)
-    layer.zero_grad(set_to_none=True)
-    x.grad = None
-
-
-def grows_past(values, T, cap):
-    """Whether values ({length: measure}) would pass cap at length T, growing as T² from their last point."""
-    last = max(values, default=None)
-    return last is not None and values[last] * (T / last) ** 2 > cap
-
-
 def exp_long(ctx):
     """Time and peak memory of one layer's forward and backward against the context length, at batch 1: attention
     with its T x T weights written out, fused attention (never holds them), a sliding window (O(T·W)), and an LSTM
     layer of the same width."""
     budget, width, n_head = BUDGET[ctx.preset], 256, 4
-    lengths = budget["long_lengths"]
+    lengths = budget.long_lengths
     base = GPTConfig(n_embd=width, n_head=n_head, block_size=max(lengths))
     torch.manual_seed(0)
     layers = {"manual": CausalSelfAttention(replace(base, attn="manual"), 0), "sdpa": CausalSelfAttention(base, 0),
               "window": CausalSelfAttention(replace(base, window=WINDOW), 0),
               "lstm": torch.nn.LSTM(width, width, batch_first=True)}
     layers = {name: layer.to(ctx.device) for name, layer in layers.items()}
-    seconds, memory, skipped = {name: {} for name in layers}, {name: {} for name in layers}, {}
-    caps = ((memory, budget["memory_cap"], f"peak over {budget['memory_cap'] / 2**30:g} GiB"),
-            (seconds, budget["time_cap_s"], f"over {budget['time_cap_s']} s per call"))
-    for T in tqdm(lengths, desc="long", leave=False):
-        for name in set(layers) - set(skipped):
-            why = next((why for values, cap, why in caps if grows_past(values[name], T, cap)), None)
-            if why:
-                skipped[name] = (T, why)
-        x = torch.randn(1, T, width, device=ctx.device, requires_grad=True)
-        grad = torch.randn(1, T, width, device=ctx.device)
-        fns = {name: partial(forward_backward, layer, x, grad) for name, layer in layers.items() if name not in skipped}
-        for fn in fns.values():
-            fn()  # warm-up
-        for name, s in alternate(fns, budget["long_rounds"], ctx.device).items():
-            seconds[name][T], memory[name][T] = s, peak_bytes(fns[name], ctx.device)
+    seconds, memory, skipped = layer_costs(layers, lengths, width, budget.long_rounds, ctx.device,
+                                           budget.memory_cap, budget.time_cap_s)
 
     labels = {"manual": "attention, T x T materialised (manual)", "sdpa": "attention, fused (SDPA)",
               "window": f"attention, sliding window {WINDOW} (SDPA by chunks)", "lstm": "LSTM layer"}
@@ -93,9 +71,9 @@ def exp_long(ctx):
     b.legend(fontsize=7)
     peak_how = "the allocator's peak" if ctx.device.type == "cuda" else "the profiler's allocation events"
     ctx.save(fig, "long.png", f"one CausalSelfAttention layer ({n_head} heads x {width // n_head}: projections, "
-             f"QK-norm, no RoPE) vs torch.nn.LSTM({width}, {width}); fp32, batch 1; median of {budget['long_rounds']} "
+             f"QK-norm, no RoPE) vs torch.nn.LSTM({width}, {width}); fp32, batch 1; median of {budget.long_rounds} "
              f"alternating rounds;\npeak memory beyond the inputs, from {peak_how}; a path stops where T² growth from "
-             f"its last point passes {budget['memory_cap'] / 2**30:g} GiB or {budget['time_cap_s']} s")
+             f"its last point passes {budget.memory_cap / 2**30:g} GiB or {budget.time_cap_s} s")
 
     T = lengths[-1]
     attention = ("manual", "sdpa", "window")
@@ -111,37 +89,38 @@ def exp_long(ctx):
                 "; ".join(notes) or f"batch 1, width {width}")
 
 
+@torch.no_grad()
+def lstm_state(model, prompt):
+    """The recurrent state after reading prompt, which decoding carries from token to token."""
+    cache = model.new_cache(1, prompt.device, torch.float32)
+    model(prompt, cache=cache, last_logits_only=True)
+    return cache
+
+
 def exp_generation(ctx):
     """Per-token decoding time and memory against the context already read: a KV cache grows, a sliding window's
     cache stops growing at the window, an LSTM's state never grows."""
-    budget, warmup = BUDGET[ctx.preset], 4
-    contexts, new_tokens = budget["contexts"], budget["new_tokens"]
+    budget, warmup, rounds = BUDGET[ctx.preset], 4, 2
+    contexts, new_tokens = budget.contexts, budget.new_tokens
     # a longer block_size adds RoPE table rows, not parameters
     gpt_cfg = ModelConfig(vocab_size=VOCAB, block_size=max(contexts) + warmup + new_tokens)
     configs = {"gpt": gpt_cfg, "window": replace(gpt_cfg, window=WINDOW), "lstm": lstm_preset(VOCAB)}
     torch.manual_seed(0)
     models = {name: build_model(cfg).to(ctx.device).eval() for name, cfg in configs.items()}
     latency, memory = {n: [] for n in models}, {n: [] for n in models}
-    for k, T in enumerate(tqdm(contexts[:1] + contexts, desc="generation", leave=False)):  # the first pass warms up
+    for k, T in enumerate(contexts[:1] + contexts):  # the first pass warms up
         prompt = torch.randint(VOCAB, (1, T), generator=torch.Generator().manual_seed(T)).to(ctx.device)
-        caches = {name: model.new_cache(1, ctx.device, torch.float32) for name, model in models.items()}
-        with torch.no_grad():
-            logits = {n: model(prompt, cache=caches[n], last_logits_only=True)[0] for n, model in models.items()}
-            tokens = {name: logits[name][:, -1].argmax(-1, keepdim=True) for name in models}
-
-            def decode(name):
-                logits[name] = models[name](tokens[name], cache=caches[name], last_logits_only=True)[0]
-                tokens[name] = logits[name][:, -1].argmax(-1, keepdim=True)
-
-            fns = {name: partial(decode, name) for name in models}
-            alternate(fns, warmup, ctx.device)
-            seconds = alternate(fns, new_tokens, ctx.device)  # interleaved, so a busy machine slows all alike
+        times = {name: [] for name in models}
+        for _ in range(rounds):  # in turns, so a busy machine slows every model alike
+            for name, model in models.items():
+                times[name] += token_times(model, prompt, warmup + new_tokens, True, ctx.device)[1 + warmup:]
         if k == 0:
             continue
         for name in models:
-            latency[name].append(seconds[name])
-            # a GPT's cache holding exactly T tokens (the window's last WINDOW at most); the LSTM's state as it is
-            held = KVCache(configs[name], 1, T, "cpu", torch.float32) if name != "lstm" else caches[name]
+            latency[name].append(statistics.median(times[name]))
+            # a GPT's cache holding exactly T tokens (the window's last WINDOW at most); the LSTM's state after T
+            gpt = name != "lstm"
+            held = KVCache(configs[name], 1, T, "cpu", torch.float32) if gpt else lstm_state(models[name], prompt)
             memory[name].append(held.nbytes)
         for name in ("gpt", "window"):
             arch = configs[name]
@@ -160,7 +139,8 @@ def exp_generation(ctx):
         ax.legend(fontsize=8)
     n_gpt, n_lstm = models["gpt"].num_params(), models["lstm"].num_params()
     ctx.save(fig, "generation.png", f"GPT {n_gpt:,} (also with a {WINDOW}-token window) vs LSTM {n_lstm:,} "
-             f"parameters, batch 1, float32; median of {new_tokens} decoded tokens after each context, alternating;\n"
+             f"parameters, batch 1, float32; median of {rounds} x {new_tokens} decoded tokens after each context, the "
+             f"models in turns;\n"
              f"KV bytes = 2·n_layer·n_kv_head·head_size·min(T, window)·4, checked")
     def both(values, i, fmt):
         return f"{fmt(values['gpt'][i])}; window {WINDOW}: {fmt(values['window'][i])}"

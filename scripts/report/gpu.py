@@ -4,20 +4,10 @@
     python -m scripts.report.gpu --smoke                  # the same code on the CPU at tiny sizes, in seconds
     python -m scripts.report.gpu --data-path input.txt    # the LM runs on a text file (default: the stdlib corpus)
 
-Two parts, each checking the time left before --deadline-s and skipping, with a line saying so, what it predicts
-cannot finish: (i) training tokens/s at about 15M matched parameters, model.py's GPT (SDPA: flash attention where the
-GPU has it) against attnlab/rnn.py's LSTM (torch.nn.LSTM: cuDNN on CUDA), at T = 256 ... 4096 and fixed tokens per
-step, after a warm-up, synchronised, median of alternating rounds; (ii) one language-model run of each by train.py
-for the same wall-clock budget (train.time_budget_s). Both parts train each model by its own recipe (RECIPES): Muon
-at its own muon_lr, the GPT in bf16 autocast, the LSTM in fp32; every output labels a model with the dtype its
-attention or recurrence output had. train.py's budget is wall clock, evaluations and checkpoint writes included, so
-the LM runs evaluate only at step 0 (train.py always does, with one best.pt write: inside the budget, for both
-alike) and after the budget is spent; their curves are train.py's logged training losses. A rerun into the same
---out replaces the LM runs' folders and runs every part again. results.json, results.csv and gpu.png are written as
-each part ends.
-
-Until GPU_CHECKED below is set, after a first GPU run's numbers have been read, every output says that only --smoke
-(on a CPU) has run.
+(i) training tokens/s at about 15M matched parameters (SDPA against cuDNN's LSTM) at T = 256 ... 4096 and fixed tokens
+per step, median of alternating rounds; (ii) one train.py run of each for the same wall-clock budget. Each model by its
+own recipe (RECIPES); each part skips, saying so, what the deadline leaves no time for. Every output says that only
+--smoke has run until GPU_CHECKED is set after a GPU run's numbers have been read.
 """
 import argparse
 import csv
@@ -38,30 +28,25 @@ from attnlab.cli import at_least
 from attnlab.config import ModelConfig, compose
 from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
-from attnlab.runtime import Deadline, alternate, autocast, autocast_dtype, configure, hardware_name
+from attnlab.runtime import autocast, autocast_dtype, configure
 from data.corpus import load_meta, prepare
 from scripts.report.cost import length_axis
-from scripts.report.tasks import rnn_width
+from scripts.report.tasks import VOCAB, matched
+from scripts.timing import Deadline, alternate, hardware_name
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root, where train.py runs
 GPU_CHECKED = False  # True once a GPU run's outputs have been read and found sane
-VOCAB = 96  # the throughput part's random tokens: the stdlib corpus's characters
-# Each model's own recipe as train.py overrides: Muon on its matrices at the config's muon_lr (attnlab/config.py's for
-# the GPT, configs/model/lstm.yaml's for the LSTM), AdamW at train.learning_rate on the rest. The LSTM trains in fp32
-# (TF32 matmuls on CUDA, runtime.configure): CUDA autocast hands cuDNN's RNN fp16 whatever dtype it was asked for
-# (aten/src/ATen/cudnn/AutocastRNN.cpp) and train.py scales gradients only for train.dtype=float16, so under bf16
-# autocast it would train in unscaled fp16; CPU autocast runs it in bf16 (oneDNN), so --smoke cannot show that.
+# Each model's own recipe as train.py overrides: Muon at its config's muon_lr. The LSTM in fp32 (TF32 on CUDA): CUDA
+# autocast hands cuDNN's RNN fp16 whatever it was asked for (aten/src/ATen/cudnn/AutocastRNN.cpp), unscaled under bf16.
 RECIPES = {"gpt": ["train.optimizer=muon", "train.dtype=bfloat16"],
            "lstm": ["model=lstm", "train.optimizer=muon", "train.dtype=float32"]}
 MAX_ITERS = 1_000_000  # an LM run's step cap and eval interval: beyond any budget, so the seconds end the run
-# gpt: the GPT's shape (5 x 512, heads of 64: about 15.8M parameters); tokens: per training step at every T;
-# warmup, rounds: untimed and timed (alternating) steps per length; lm_*: the LM runs' context, batch, seconds of
-# training each, log interval (the curves' points; each reads the loss from the device), batches per evaluation, and
-# the seconds a run spends outside its budget (start-up, corpus, the last evaluation and checkpoint), which the
-# deadline reserves
+# gpt: 5 x 512, heads of 64 (about 15.8M parameters); tokens: per step at every T; warmup, rounds: untimed and timed
+# steps per length; lm_*: the LM runs' context, batch, seconds, log interval, eval batches, and the seconds a run
+# spends outside its budget (start-up, the last evaluation and checkpoint), which the deadline reserves
 SIZES = {
     "gpu": dict(gpt=dict(n_layer=5, n_embd=512, n_head=8), lengths=(256, 512, 1024, 2048, 4096), tokens=65536,
                 warmup=3, rounds=10, lm_block=1024, lm_batch=32, lm_seconds=120, lm_log_interval=50, lm_eval_iters=20,
@@ -73,11 +58,9 @@ SIZES = {
 
 
 def model_pair(sizes, vocab, block_size):
-    """The GPT of sizes["gpt"] and the 2-layer LSTM of its parameter count (rnn_width), both with tied heads."""
+    """The GPT of sizes["gpt"] and the 2-layer LSTM of its parameter count, both with tied heads."""
     gpt = ModelConfig(vocab_size=vocab, block_size=block_size, tie_weights=True, **sizes["gpt"])
-    width = rnn_width(build_model(gpt).num_params(), vocab, tied=True)
-    return {"gpt": gpt, "lstm": ModelConfig(type="lstm", vocab_size=vocab, block_size=block_size, n_layer=2,
-                                            n_embd=width, tie_weights=True)}
+    return matched(gpt, ("lstm",), n_layer=2)
 
 
 def mixing_layer(model):

@@ -11,7 +11,7 @@ from attnlab.config import ModelConfig
 from data.corpus import load_split
 from model import GPT, manual_attention
 from scripts.report.lm import best_run, lm_detail, lm_results
-from scripts.report.tasks import lstm_preset
+from scripts.report.tasks import VOCAB, lstm_preset
 
 
 def exp_scaling(ctx):
@@ -127,7 +127,7 @@ def max_hops(length, reads):
 def exp_paths(ctx):
     """Table 1 of "Attention Is All You Need", counted on our layers: work per layer, sequential operations and the
     path between the first and the last token; then the gradient that actually flows along that path."""
-    gpt_cfg, lstm_cfg = ModelConfig(vocab_size=96, block_size=4096), lstm_preset(96)
+    gpt_cfg, lstm_cfg = ModelConfig(vocab_size=VOCAB, block_size=4096), lstm_preset(VOCAB)
     C, H = gpt_cfg.n_embd, lstm_cfg.n_embd
     block = GPT(gpt_cfg).transformer.h[0]
     cell = torch.nn.LSTMCell(H, H)  # the fused nn.LSTM hides its steps from autograd; the cell loop shows them
@@ -165,7 +165,7 @@ def gradient_paths(ctx):
     fig, ax = plt.subplots(figsize=(7, 4))
     ratios = {}
     for name in ("gpt", "lstm"):
-        trained_model, _ = load_model(best_run(name))
+        trained_model, _ = load_model(best_run(ctx, name))
         torch.manual_seed(0)
         fresh_model = type(trained_model)(trained_model.config).eval()  # the same architecture, untrained
         T, val = trained_model.config.block_size, load_split(result.plan.data_dir, "val")

@@ -20,23 +20,33 @@ from matplotlib.ticker import NullLocator
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.optim import train_step
-from attnlab.runtime import time_steps
 from scripts.report.cost import length_axis
+from scripts.report.tasks import VOCAB, matched_width
+from scripts.timing import time_steps
 
-VOCAB = 96  # the stdlib corpus's characters
 HEAD_SIZE = 64  # the GPT's heads, as in GPT-2
 RNN_LAYERS = {"lstm": 2, "mingru": 4}  # the report's LSTM elsewhere; minGRU's preset (configs/model/mingru.yaml)
 THREADS = (1, 2)
 STEPS = "mingru steps"  # the minGRU reading its sequences step by step (RNN.scan = False), same model and weights
-BUDGET = {
-    # the GPT: n_layer blocks of width (heads of HEAD_SIZE), each query seeing `window` tokens; one training step of
-    # `tokens` tokens (batch tokens / T) at each length, every (model, T, threads) once per round, `rounds` rounds
-    # after a warm-up step each; the minGRU also step by step at step_lengths
-    "quick": dict(width=128, n_layer=2, window=64, lengths=(64, 512, 4096), step_lengths=(64, 512, 4096),
-                  tokens=4096, rounds=10),
-    "full": dict(width=256, n_layer=2, window=64, lengths=(64, 256, 1024, 4096), step_lengths=(64, 256, 1024, 4096),
-                 tokens=4096, rounds=10),
-}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The GPT: n_layer blocks of width (heads of HEAD_SIZE), each query seeing `window` tokens; one training step of
+    `tokens` tokens (batch tokens / T) at each length, every (model, T, threads) once per round, `rounds` rounds after
+    a warm-up step each; the minGRU also step by step at step_lengths."""
+    width: int = 128
+    n_layer: int = 2
+    window: int = 64
+    lengths: tuple = (64, 512, 4096)
+    step_lengths: tuple = (64, 512, 4096)
+    tokens: int = 4096
+    rounds: int = 10
+
+
+QUICK = Budget()
+BUDGET = dict(quick=QUICK, full=replace(QUICK, width=256, lengths=(64, 256, 1024, 4096),
+                                        step_lengths=(64, 256, 1024, 4096)))
 KEEPS, FALLS = 0.75, 0.5  # at batch 1: the share of its largest batch's FLOP/s the GPT keeps, the LSTM falls below
 RULE = (f"at a fixed number of tokens per step, per round: kept = a model's training FLOP/s at batch 1 over its "
         f"FLOP/s at the largest batch (1 thread); gap = at batch 1, the GPT's 2-thread speedup (1-thread over "
@@ -50,35 +60,18 @@ GPU_RULE = ("on a GPU (scripts/report/gpu.py, full attention at equal parameters
 GPU_RESULTS = Path("out/report/gpu/results.json")  # python -m scripts.report.gpu's default output, where it has run
 
 
-def matching_width(cfg, target):
-    """The width at which cfg's model does closest to target training FLOPs per token (they grow with the width)."""
-    def flops(width):
-        with torch.device("meta"):  # the parameter counts only, no memory
-            return build_model(replace(cfg, n_embd=width)).flops_per_token()
-    low, high = 1, 2
-    while flops(high) < target:
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if flops(middle) < target:
-            low = middle
-        else:
-            high = middle
-    return min((low, high), key=lambda width: abs(flops(width) - target))
-
-
 def parallel_models(budget):
     """The windowed GPT, then the LSTM and the minGRU whose training FLOPs per token match it (at T >= window, where
     the GPT's stop growing), all with the head tied to the embedding."""
-    gpt = ModelConfig(vocab_size=VOCAB, block_size=max(budget["lengths"]), n_layer=budget["n_layer"],
-                      n_head=max(1, budget["width"] // HEAD_SIZE), n_embd=budget["width"], window=budget["window"],
+    gpt = ModelConfig(vocab_size=VOCAB, block_size=max(budget.lengths), n_layer=budget.n_layer,
+                      n_head=max(1, budget.width // HEAD_SIZE), n_embd=budget.width, window=budget.window,
                       tie_weights=True)
     with torch.device("meta"):
-        target = build_model(gpt).flops_per_token(budget["window"])
+        target = build_model(gpt).flops_per_token(budget.window)
     configs = {"gpt": gpt}
     for name, n_layer in RNN_LAYERS.items():
         rnn = ModelConfig(type=name, vocab_size=VOCAB, block_size=gpt.block_size, n_layer=n_layer, tie_weights=True)
-        configs[name] = replace(rnn, n_embd=matching_width(rnn, target))
+        configs[name] = replace(rnn, n_embd=matched_width(rnn, target, lambda model: model.flops_per_token()))
     return configs
 
 
@@ -157,11 +150,11 @@ def exp_parallel(ctx):
     """Training FLOP/s and the 2-thread speedup against the batch at equal FLOPs per token, on the CPU, and the
     minGRU's scan against its steps; the verdict on reason (a) by RULE, and by GPU_RULE where a GPU run exists."""
     budget = BUDGET[ctx.preset]
-    if budget["lengths"][-1] != budget["tokens"]:
-        raise ValueError(f"the longest length {budget['lengths'][-1]} must be the tokens per step {budget['tokens']}, "
+    if budget.lengths[-1] != budget.tokens:
+        raise ValueError(f"the longest length {budget.lengths[-1]} must be the tokens per step {budget.tokens}, "
                          "so that the last batch is 1, as RULE reads it")
     p = measure(ctx, budget)
-    parallel_figure(ctx, p, budget["rounds"])
+    parallel_figure(ctx, p, budget.rounds)
     parallel_rows(ctx, p)
     decide_parallel(ctx, p)
 
@@ -187,25 +180,25 @@ def measure(ctx, budget):
             models["mingru"].scan = True
 
     steps = {}
-    for T in budget["lengths"]:
-        x = torch.randint(VOCAB, (budget["tokens"] // T, T + 1), generator=torch.Generator().manual_seed(T))
+    for T in budget.lengths:
+        x = torch.randint(VOCAB, (budget.tokens // T, T + 1), generator=torch.Generator().manual_seed(T))
         batch = (x[:, :-1], x[:, 1:])
         for threads in THREADS:
             steps |= {(name, T, threads): partial(step, name, batch, threads) for name in models}
-        if T in budget["step_lengths"]:
+        if T in budget.step_lengths:
             steps[STEPS, T, 1] = partial(one_by_one, batch)
     before = torch.get_num_threads()
     try:
-        seconds = time_steps(steps, budget["rounds"], torch.device("cpu"))
+        seconds = time_steps(steps, budget.rounds, torch.device("cpu"))
     finally:
         torch.set_num_threads(before)
     p = Parallel(configs, {name: model.num_params() for name, model in models.items()},
-                 {name: model.flops_per_token(budget["window"]) for name, model in models.items()},
-                 tuple(budget["lengths"]), budget["tokens"], seconds)
+                 {name: model.flops_per_token(budget.window) for name, model in models.items()},
+                 tuple(budget.lengths), budget.tokens, seconds)
     p.flops[STEPS] = p.flops["mingru"]
     for (name, T, threads), times in seconds.items():
         ctx.grid_point("parallel", name, f"{shape(configs[name.split()[0]])} T={T} B={p.batch(T)} threads={threads}",
-                       1e-4, 0, budget["rounds"] + 2, sum(times), "training GFLOP/s",
+                       1e-4, 0, budget.rounds + 2, sum(times), "training GFLOP/s",
                        round(statistics.median(p.rates(name, T, threads)) / 1e9, 2))
     return p
 

@@ -1,14 +1,6 @@
-"""The report's protocol, shared by every comparison: what a recipe is, how each model is tuned to its best, how
-seeds are spent, and how numbers are summarised for a verdict.
-
-    recipe     an optimizer and its learning rates: AdamW alone (lr), or Muon on the hidden matrices (muon_lr) with
-               AdamW on the rest (lr)
-    tuning     each model on its own grids: AdamW's lr, then Muon's muon_lr with the AdamW part at that lr; every
-               grid point on the grid seeds, a grid widened past an end that wins (seed_grid); the recipe of best
-               merit on the selection (validation) split is the model's best; the test split scores it once
-    seeds      the chosen recipe then runs with every seed; a result is its mean and min-max over them
-    verdict    each reason's file states its rule as a constant before any run; the code applies it to the numbers
-"""
+"""The protocol every comparison follows (docs/report.md says it in words): a recipe is an optimizer with its lrs;
+each model is tuned on its own grids, every grid point on the first seed, a grid widened past an end that wins; the
+chosen recipe then trains every seed; a result is a mean and a min-max over seeds."""
 import statistics
 from dataclasses import dataclass, field
 
@@ -31,68 +23,61 @@ class Recipe:
 
 @dataclass
 class Tuned:
-    """One model tuned on one optimizer's grid, or (best_recipe) its best over optimizers: the chosen recipe, the
-    grid tried with each point's merit, whether the choice sits at an end of the grid after widening, whether the
-    grid was flat (no point told apart from another, so not widened), and the chosen recipe's runs, one per seed."""
+    """One model tuned on one grid: the chosen recipe, every grid point with its merit, whether the choice sits at an
+    end of the grid after widening, whether the grid was flat (so not widened), the chosen recipe's runs by seed, and
+    (best_recipe) the other optimizer's Tuned."""
     recipe: Recipe
     tried: list  # [(Recipe, merit)] in grid order
     edge: bool
     runs: dict  # seed -> run
     flat: bool = False
-    others: list = field(default_factory=list)  # the other optimizers' Tuned, where best_recipe chose among several
+    others: list = field(default_factory=list)
 
     @property
     def lrs(self):
         return [recipe.grid_lr for recipe, _ in self.tried]
 
 
-def seed_grid(fit, lrs, seeds, grid_seeds, merit, widen=3, flat=None):
-    """fit(lr, seed) at every lr with the first grid_seeds seeds, the lr of the highest merit(its runs) chosen, then
-    trained with the remaining seeds. While the best sits at an end of the grid, the grid grows one step past that
-    end (the ratio of its last two points), at most widen times, so the chosen lr lies strictly inside what was tried
-    whenever that can be shown; unless flat(every run so far) says no lr is told apart from another. Returns the lr,
-    the lrs tried (sorted), the grid {(lr, seed): run} and the chosen lr's runs {seed: run}."""
-    lrs = sorted(lrs)
-    grid = {(lr, seed): fit(lr, seed) for lr in lrs for seed in seeds[:grid_seeds]}
+def tune(fit, recipe_at, lrs, seeds, merit, flat=None, widen=3):
+    """fit(recipe_at(lr), seeds[0]) at every lr; the lr of the highest merit([run]) is chosen. While it sits at an end
+    of the grid, the grid grows one step past that end (the ratio of its last two points), at most widen times,
+    unless flat(every run so far) says no lr is told apart from another. The chosen recipe then trains every seed."""
+    lrs, seed = sorted(lrs), seeds[0]
+    grid = {lr: fit(recipe_at(lr), seed) for lr in lrs}
 
     def choose():
-        return max(lrs, key=lambda lr: merit([grid[lr, seed] for seed in seeds[:grid_seeds]]))
+        return max(lrs, key=lambda lr: merit([grid[lr]]))
 
     best = choose()
+    is_flat = bool(flat and flat(list(grid.values())))
     for _ in range(widen if len(lrs) > 1 else 0):
-        if best not in (lrs[0], lrs[-1]) or (flat and flat(list(grid.values()))):
+        if best not in (lrs[0], lrs[-1]) or is_flat:
             break
-        lr = lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]
-        lr = float(f"{lr:.3g}")
-        grid |= {(lr, seed): fit(lr, seed) for seed in seeds[:grid_seeds]}
+        lr = float(f"{lrs[0] ** 2 / lrs[1] if best == lrs[0] else lrs[-1] ** 2 / lrs[-2]:.3g}")
+        grid[lr] = fit(recipe_at(lr), seed)
         lrs = sorted([*lrs, lr])
         best = choose()
-    return best, lrs, grid, {seed: grid.get((best, seed)) or fit(best, seed) for seed in seeds}
+        is_flat = bool(flat and flat(list(grid.values())))
+    runs = {s: grid[best] if s == seed else fit(recipe_at(best), s) for s in seeds}
+    edge = not is_flat and len(lrs) > 1 and best in (lrs[0], lrs[-1])
+    return Tuned(recipe_at(best), [(recipe_at(lr), merit([grid[lr]])) for lr in lrs], edge, runs, is_flat)
 
 
-def tune(fit, recipe_at, lrs, seeds, grid_seeds, merit, flat=None, widen=3):
-    """One optimizer's grid for one model: recipe_at(lr) is the recipe at grid point lr, fit(recipe, seed) trains it.
-    Returns a Tuned whose runs cover every seed at the chosen point."""
-    grid_seeds = min(grid_seeds, len(seeds))
-    best, tried, grid, runs = seed_grid(lambda lr, seed: fit(recipe_at(lr), seed), lrs, seeds, grid_seeds, merit,
-                                        widen, flat)
-    points = [(recipe_at(lr), merit([grid[lr, seed] for seed in seeds[:grid_seeds]])) for lr in tried]
-    is_flat = bool(flat and flat(list(grid.values())))
-    edge = not is_flat and len(tried) > 1 and best in (tried[0], tried[-1])
-    return Tuned(recipe_at(best), points, edge, runs, is_flat)
-
-
-def best_recipe(fit, adamw_lrs, muon_lrs, seeds, grid_seeds, merit, flat=None, widen=3):
-    """Each model at its best: AdamW's lr grid, then Muon's muon_lr grid with its AdamW part at AdamW's chosen lr
-    (skipped when muon_lrs is empty); the optimizer whose chosen runs have the higher merit over every seed."""
-    adamw = tune(fit, lambda lr: Recipe("adamw", lr), adamw_lrs, seeds, grid_seeds, merit, flat, widen)
-    if not muon_lrs:
-        return adamw
-    muon = tune(fit, lambda lr: Recipe("muon", adamw.recipe.lr, lr), muon_lrs, seeds, grid_seeds, merit, flat,
-                widen)
+def best_recipe(fit, adamw_lrs, muon_lrs, seeds, merit, flat=None, widen=3):
+    """A model at its best: AdamW's lr grid, then Muon's muon_lr grid with its AdamW part at AdamW's chosen lr; the
+    optimizer whose chosen runs have the higher merit over every seed."""
+    adamw = tune(fit, lambda lr: Recipe("adamw", lr), adamw_lrs, seeds, merit, flat, widen)
+    muon = tune(fit, lambda lr: Recipe("muon", adamw.recipe.lr, lr), muon_lrs, seeds, merit, flat, widen)
     best, other = (muon, adamw) if merit(list(muon.runs.values())) > merit(list(adamw.runs.values())) else (adamw, muon)
     best.others = [other]
     return best
+
+
+def combined(statuses):
+    """Several rivals' statuses as one verdict: shown if every one shows, contradicted if any contradicts."""
+    if "contradicted here" in statuses:
+        return "contradicted here"
+    return "shown here" if all(s == "shown here" for s in statuses) else "not shown here"
 
 
 def mean_range(values, digits=3):

@@ -1,26 +1,17 @@
 """Reason (b)'s loss part in the data-rich regime, a small Kaplan et al. (2020) figure 7: the GPT against the LSTM of
-its parameter count at three sizes, every run trained by `python train.py` to TOKENS_PER_PARAM training tokens per
-parameter (Hoffmann et al. 2022's compute-optimal ratio), each model at each size at its own Muon recipe, 3 seeds.
-The loss verdict of reason (b) is decided here only (SIZES_RULE); the lm experiment's shorter runs decide nothing.
-
-Protocol: at each size, each model's muon_lr grid (its AdamW part at the grid's middle lr), then its AdamW part's lr
-grid at the chosen muon_lr, each widened past a winning end (protocol.seed_grid), chosen on the val split's 1st half
-with the grid seed; the chosen recipe then trains every seed, scored once on the 2nd half. Training FLOPs are the
-models' own count (flops_per_token at the context). The runs' results are saved (RESULT) for the context experiment,
-which reads the largest pair.
-    python -m scripts.report --only sizes
+its parameter count at three sizes, every run trained by train.py to TOKENS_PER_PARAM tokens per parameter (Hoffmann
+et al. 2022), each model at each size at its own Muon recipe (tune_size), 3 seeds. The runs are saved (RESULT) for
+the context experiment, which reads the largest pair. `python -m scripts.report --only sizes`
 """
-import json
 import math
 import shutil
 import statistics
-from dataclasses import asdict, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from attnlab.checkpoint import build_model
+from attnlab.checkpoint import build_model, load_model
 from attnlab.config import compose
 from data.corpus import load_split
 from scripts.report import RUNS, lm
@@ -28,32 +19,38 @@ from scripts.report.protocol import Recipe, apart, mean_range, tune
 
 TOKENS_PER_PARAM = 20  # training tokens per parameter of every run: the data-rich regime the rule is about
 LOSS_MATERIAL = 0.02  # nats: at losses near 1.5 about what 1.3x the compute buys on Kaplan et al.'s L ∝ C^-0.050
-SIZES_RULE = (f"at each of 3 sizes both models trained to {TOKENS_PER_PARAM} tokens per parameter, each at its own "
-              f"Muon recipe tuned at that size, 3 seeds; a model is ahead at a size where its mean test loss is lower "
-              f"by more than {LOSS_MATERIAL} nats (at these losses about what 1.3x the compute buys on Kaplan et al.'s "
-              f"compute law) and the seeds' min-max ranges are apart. Shown where the GPT is ahead at the largest size "
-              f"and the gap (LSTM - GPT, per seed) grows from the smallest size to the largest, ranges apart; "
-              f"contradicted where the LSTM is ahead at the largest size and the gap does not grow; otherwise not "
-              f"shown")
+RULE = (f"at each of 3 sizes both models trained to {TOKENS_PER_PARAM} tokens per parameter, each at its own "
+        f"Muon recipe tuned at that size, 3 seeds; a model is ahead at a size where its mean test loss is lower "
+        f"by more than {LOSS_MATERIAL} nats (at these losses about what 1.3x the compute buys on Kaplan et al.'s "
+        f"compute law) and the seeds' min-max ranges are apart. Shown where the GPT is ahead at the largest size "
+        f"and the gap (LSTM - GPT, per seed) grows from the smallest size to the largest, ranges apart; "
+        f"contradicted where the LSTM is ahead at the largest size and the gap does not grow; otherwise not "
+        f"shown")
 RESULT = RUNS / "sizes" / "result.json"  # the last sizes training: one LMResult per size
 
-# gpt: (n_layer, n_head, n_embd) of each size, smallest first (the LSTM at each: lm.pair_models); block_size,
-# batch_size: every run's context and sequences a step (its steps: TOKENS_PER_PARAM x the pair's larger parameter
-# count / tokens a step); muon_lrs, adamw_lrs: each model's grids (the AdamW part's grid at the chosen muon_lr);
-# widen: grid steps added past a winning end; seeds: the chosen recipe's seeds (grid points: seed 0); evals,
-# eval_iters: train.py's val estimates a run and batches each (the curves against tokens); select_windows,
-# test_windows, train_windows: windows of block_size scored on the val split's halves and on the train split.
-# Runs: 2 models x 3 sizes x (5 grid points, more where widened, + 2 seeds), each a train.py start-up and training.
-BUDGET = {
-    "quick": dict(gpt=[(2, 2, 24), (2, 2, 32), (2, 4, 48)], block_size=512, batch_size=4,
-                  muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
-                  adamw_lrs=dict(gpt=[1e-3, 3e-3, 1e-2], lstm=[3e-3, 1e-2, 3e-2]), widen=2, seeds=3, evals=8,
-                  eval_iters=4, select_windows=128, test_windows=None, train_windows=128),
-    "full": dict(gpt=[(2, 2, 32), (2, 2, 56), (3, 4, 64)], block_size=512, batch_size=4,
-                 muon_lrs=dict(gpt=[0.02, 0.04, 0.08], lstm=[0.08, 0.16, 0.32]),
-                 adamw_lrs=dict(gpt=[3e-3, 1e-2, 3e-2], lstm=[1e-2, 3e-2, 9e-2]), widen=2, seeds=3, evals=8,
-                 eval_iters=4, select_windows=256, test_windows=None, train_windows=256),
-}
+
+@dataclass(frozen=True)
+class Budget:
+    """What the sizes experiment may spend. Runs: 2 models x 3 sizes x (5 grid points, more where widened, + 2
+    seeds), each a train.py start-up and training."""
+    gpt: tuple = ((2, 2, 24), (2, 2, 32), (2, 4, 48))  # (n_layer, n_head, n_embd) of each size, smallest first
+    block_size: int = 512  # every run's context
+    batch_size: int = 4  # sequences a step (steps: TOKENS_PER_PARAM x the pair's larger count / tokens a step)
+    muon_lrs: tuple = (("gpt", (0.02, 0.04, 0.08)), ("lstm", (0.08, 0.16, 0.32)))  # each model's muon_lr grid
+    adamw_lrs: tuple = (("gpt", (1e-3, 3e-3, 1e-2)), ("lstm", (3e-3, 1e-2, 3e-2)))  # its AdamW part's lr grid
+    widen: int = 2  # grid steps added past a winning end
+    seeds: int = 3  # the chosen recipe's seeds (grid points: seed 0)
+    evals: int = 8  # train.py's val estimates a run (the curves against tokens)
+    eval_iters: int = 4  # batches each
+    select_windows: int | None = 128  # windows of block_size scored on the val split's 1st half (None: all)
+    test_windows: int | None = None  # on its 2nd half
+    train_windows: int = 128  # on the train split
+
+
+QUICK = Budget()
+BUDGET = dict(quick=QUICK, full=replace(QUICK, gpt=((2, 2, 32), (2, 2, 56), (3, 4, 64)),
+                                        adamw_lrs=(("gpt", (3e-3, 1e-2, 3e-2)), ("lstm", (1e-2, 3e-2, 9e-2))),
+                                        select_windows=256, train_windows=256))
 
 
 def exp_sizes(ctx):
@@ -68,21 +65,18 @@ def train_sizes(ctx):
     shutil.rmtree(RUNS / "sizes", ignore_errors=True)
     budget = BUDGET[ctx.preset]
     results = []
-    for n_layer, n_head, n_embd in budget["gpt"]:
+    for n_layer, n_head, n_embd in budget.gpt:
         gpt = [f"model.n_layer={n_layer}", f"model.n_head={n_head}", f"model.n_embd={n_embd}"]
-        data_dir, vocab, models = lm.pair_models(ctx, gpt, budget["block_size"])
+        data_dir, vocab, models = lm.pair_models(ctx, gpt, budget.block_size)
         tokens = TOKENS_PER_PARAM * max(m.params for m in models.values())
-        steps = math.ceil(tokens / (budget["batch_size"] * budget["block_size"]))
-        plan = lm.Plan(str(data_dir), budget["block_size"], budget["batch_size"], steps, budget["evals"],
-                       budget["eval_iters"], budget["select_windows"], budget["test_windows"])
+        plan = lm.Plan.of(data_dir, budget, steps=math.ceil(tokens / (budget.batch_size * budget.block_size)))
         result = lm.LMResult(ctx.preset, lm.corpus_name(ctx), vocab, lm.unigram_entropy(data_dir), plan, models)
         for name, model in models.items():
             result.tuned[name] = tune_size(ctx, budget, plan, model)
             print(f"sizes: {model.desc} ({model.params:,} params): {result.tuned[name].recipe} chosen")
         results.append(result)
     results[0].ngram = lm.ngram_baselines(results[0].plan.data_dir, results[0].vocab)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps([asdict(r) for r in results], indent=1))
+    lm.save_results(RESULT, results)
     return results
 
 
@@ -94,25 +88,19 @@ def tune_size(ctx, budget, plan, model):
         if (recipe, seed) not in done:
             done[recipe, seed] = lm.lm_run(ctx, plan, "sizes", model, f"params={model.params}", recipe, seed)
         return done[recipe, seed]
-    seeds, adamw_lrs = list(range(budget["seeds"])), budget["adamw_lrs"][model.name]
+    seeds, adamw_lrs = list(range(budget.seeds)), dict(budget.adamw_lrs)[model.name]
     middle = sorted(adamw_lrs)[len(adamw_lrs) // 2]
-    muon = tune(fit, lambda m: Recipe("muon", middle, m), budget["muon_lrs"][model.name], seeds[:1], 1,
-                lm.selection_merit, widen=budget["widen"])
-    part = tune(fit, lambda lr: Recipe("muon", lr, muon.recipe.muon_lr), adamw_lrs, seeds, 1, lm.selection_merit,
-                widen=budget["widen"])
+    muon = tune(fit, lambda m: Recipe("muon", middle, m), dict(budget.muon_lrs)[model.name], seeds[:1],
+                lm.selection_merit, widen=budget.widen)
+    part = tune(fit, lambda lr: Recipe("muon", lr, muon.recipe.muon_lr), adamw_lrs, seeds, lm.selection_merit,
+                widen=budget.widen)
     part.others = [muon]
     return part
 
 
 def cached_sizes(ctx):
     """The last sizes training's [LMResult] where it is ctx's preset and corpus and its runs are there, else None."""
-    if not RESULT.exists():
-        return None
-    results = [lm.LMResult.from_dict(d) for d in json.loads(RESULT.read_text())]
-    if (results[0].preset, results[0].corpus) != (ctx.preset, lm.corpus_name(ctx)) or not all(
-            (Path(run.out) / "ckpt.pt").exists() for r in results for n in lm.NAMES for run in r.runs(n)):
-        return None
-    return results
+    return lm.cached_results(RESULT, ctx)
 
 
 def gaps(result):
@@ -121,7 +109,7 @@ def gaps(result):
 
 
 def ahead(result):
-    """Which model is ahead at this size by SIZES_RULE ("gpt", "lstm") or None."""
+    """Which model is ahead at this size by RULE ("gpt", "lstm") or None."""
     losses = {n: lm.test_losses(result.runs(n)) for n in lm.NAMES}
     if abs(statistics.mean(gaps(result))) <= LOSS_MATERIAL:
         return None
@@ -129,7 +117,7 @@ def ahead(result):
 
 
 def sizes_status(results):
-    """The verdict by SIZES_RULE from every size's results (smallest first)."""
+    """The verdict by RULE from every size's results (smallest first)."""
     regime = [r for r in results if r.plan.tokens >= TOKENS_PER_PARAM * max(m.params for m in r.models.values())
               and len(r.runs("gpt")) >= 3]
     if len(regime) < 3:
@@ -143,10 +131,9 @@ def sizes_status(results):
 
 
 def train_loss(run, plan, windows):
-    """The run's mean loss on windows of the train split: beside its test loss, whether repeating the data let it
-    memorise."""
+    """The run's mean loss on windows of the train split: beside its test loss, whether it memorised."""
     tokens = load_split(plan.data_dir, "train")
-    return lm.position_losses(lm.final_model(run.out), tokens, plan.block_size, windows).mean().item()
+    return lm.position_losses(load_model(run.out, "latest")[0], tokens, plan.block_size, windows).mean().item()
 
 
 def sizes_rows(ctx, results):
@@ -157,31 +144,27 @@ def sizes_rows(ctx, results):
     ctx.row("sizes", "models, smallest to largest", *(by_size(lambda r, n=n: f"{r.models[n].desc} "
                                                               f"({r.models[n].params:,})") for n in lm.NAMES),
             f"corpus {first.corpus} ({first.vocab} tokens); context {first.plan.block_size}; {first.plan.batch_size} "
-            f"sequences a step; train.py, fp32, warmup + cosine to lr/10; each LSTM the width of its GPT's parameter "
-            f"count")
+            f"sequences a step; fp32")
     ctx.row("sizes", "training tokens (M) and passes over the train split, by size",
             by_size(lambda r: f"{r.plan.tokens / 1e6:.2f}M, {r.plan.tokens / train_tokens:.2f}"), "the same",
-            f"{TOKENS_PER_PARAM} tokens per parameter of the pair's larger model; "
-            + " / ".join(f"{r.plan.steps:,}" for r in results) + " steps")
+            " / ".join(f"{r.plan.steps:,}" for r in results) + " steps")
     ctx.row("sizes", "each size's recipe (muon_lr grid, then the AdamW part's lr grid)",
             *(by_size(lambda r, n=n: recipe_note(r.tuned[n])) for n in lm.NAMES),
-            "chosen on the val split's 1st half with seed 0; (edge): the best at an end of its grid after widening")
+            "seed 0 on the selection half")
     ctx.row("sizes", "test loss by size, final weights",
             *(by_size(lambda r, n=n: mean_range(lm.test_losses(r.runs(n)))) for n in lm.NAMES),
-            f"mean [min, max] over seeds 0-{budget['seeds'] - 1}; the val split's 2nd half; "
-            f"{lm.ngram_note(first.ngram)}; unigram {first.unigram:.3f}")
+            f"seeds 0-{budget.seeds - 1}; {lm.ngram_note(first.ngram)}; unigram {first.unigram:.3f}")
     largest = results[-1]
-    memo = {n: [train_loss(run, largest.plan, budget["train_windows"]) - run.test for run in largest.runs(n)]
+    memo = {n: [train_loss(run, largest.plan, budget.train_windows) - run.test for run in largest.runs(n)]
             for n in lm.NAMES}
     ctx.row("sizes", "train minus test loss, largest size", *(mean_range(memo[n]) for n in lm.NAMES),
-            f"{budget['train_windows']} windows of the train split against the test half, per seed: a model that "
-            f"memorised its {largest.plan.tokens / train_tokens:.2f} passes would score far lower on the train split")
+            f"{budget.train_windows} train windows, per seed")
     ctx.row("sizes", "still improving at the end (of 3 seeds), by size",
             *(by_size(lambda r, n=n: str(sum(run.improving for run in r.runs(n)))) for n in lm.NAMES),
-            f"val loss fell by more than {lm.PLATEAU_NATS} nats over the last quarter")
+            f"> {lm.PLATEAU_NATS} nats over the last quarter")
     ctx.row("sizes", "training FLOPs per run, by size", *(by_size(lambda r, n=n: f"{flops(r, n):.2e}")
                                                           for n in lm.NAMES),
-            "the models' flops_per_token at the context x training tokens (6N, plus the GPT's attention)")
+            "flops_per_token x training tokens")
     status = sizes_status(results)
     evidence = ("gap (LSTM - GPT test loss) by size " + " / ".join(mean_range(gaps(r)) for r in results)
                 + " nats at " + " / ".join(f"{r.models['gpt'].params / 1e3:.0f}K" for r in results)
@@ -189,11 +172,11 @@ def sizes_rows(ctx, results):
                 + " / ".join(ahead(r) or "neither" for r in results))
     ctx.row("sizes", "gap, LSTM - GPT test loss, by size", by_size(lambda r: mean_range(gaps(r))), "-",
             f"{evidence}; so attention's better loss as models and data grow is {status}")
-    ctx.verdict("sizes", "b", evidence, status, rule=SIZES_RULE)
+    ctx.verdict("sizes", "b", evidence, status, rule=RULE)
 
 
 def recipe_note(tuned):
-    """muon_lr and lr chosen, each grid's points, and (edge) where a choice sits at its grid's end."""
+    """muon_lr and lr chosen among each grid's points, (edge) where a choice sits at its grid's end."""
     muon = tuned.others[0]
     return (f"muon_lr {tuned.recipe.muon_lr:g} of [{', '.join(f'{x:g}' for x in muon.lrs)}]"
             + (" (edge)" if muon.edge else "") + f", lr {tuned.recipe.lr:g} of ["

@@ -1,26 +1,8 @@
-"""What a trained GPT's heads attend to in real code: the code counterpart of "a pronoun attends to its referent".
-
-The lm experiment's GPT (char-level, trained on the stdlib corpus) reads non-overlapping windows of block_size
-characters from the corpus's validation split, each starting at a line start. Two kinds of case are found in each
-window automatically, with every position an index into the window:
-- bracket: the query is a closing ) ] or } and the target its matching opener, matched with a stack. Brackets in
-  comments and string literals are skipped (found roughly: a window may start inside a docstring, and string
-  prefixes are not read); a closer whose opener lies before the window is dropped, and so is an empty pair such as
-  `()`, whose opener is simply the previous token.
-- name: a name of 3 or more characters (not a keyword) defined in the window's code, by `def name(params)` (the name
-  and each parameter), `class Name`, `name = ` or `name: T = ` at a line start (keyword arguments, written without
-  spaces around =, do not count), `for name`, `as name` or `import name`, where the definition is the name's first
-  whole-word occurrence in the window; and the name's next whole-word occurrence, its use (in code or not). The query
-  is the use's second-to-last character, whose next token is the name's last; the target is the definition's last
-  character, where the same spelling continued before: what an induction head (Olsson et al. 2022) copies from.
-  Three characters or more, so that the query has seen at least two of the name's.
-Per layer and head the measure is the attention weight from the query to the target, against the same head's mean
-weight at the same distance from the window's other queries (a head that only looks a fixed way back scores its
-baseline) and the uniform 1/(visible keys); also how often the target is the argmax key, and, since a head is not one
-clean concept, the weight it puts on other keys holding the target's character and on the previous token. The first
-half of the windows picks each case kind's best head (largest mean weight above baseline); the second half reports
-it, and every number in the table and figure. `python -m scripts.report --only text` runs it (after the lm experiment,
-which it runs first where its models are not there yet).
+"""What a trained GPT's heads attend to in real code, the code counterpart of "a pronoun attends to its referent":
+windows of the stdlib corpus's val split, each case found automatically (a closing bracket and its opener; a name's
+first use after its definition), each head's weight on the target against its weight at the same distance elsewhere.
+The first half of the windows picks each kind's best head, the second half reports it. docs/report.md says how cases
+are found. `python -m scripts.report --only text` (after the lm experiment, which it runs first where needed)
 """
 import json
 import keyword
@@ -37,12 +19,11 @@ from attnlab.config import DataConfig
 from attnlab.record import read_metrics
 from data.corpus import load_split, prepare
 from data.tokenizers import load_tokenizer
-from scripts.report.lm import best_run, lm_results
+from scripts.report.lm import best_run
 
-BUDGET = {"quick": dict(windows=1000), "full": dict(windows=3000)}  # windows read, at most: the stdlib val split
-# holds about 2700
+BUDGET = dict(quick=1000, full=3000)  # windows read, at most: the stdlib val split holds about 2700
 OPENERS, CLOSERS = "([{", ")]}"
-DEFINITIONS = [re.compile(pattern, re.M) for pattern in (  # each captures the defined name; see the module docstring
+DEFINITIONS = [re.compile(pattern, re.M) for pattern in (  # each captures the defined name (docs/report.md)
     r"^[ \t]*(?:def|class)[ \t]+(\w+)", r"^[ \t]*(\w+)(?:[ \t]*:[\w.\[\], |'\"]*)?[ \t]+=[ \t]",
     r"\b(?:for|as|import)[ \t]+(\w+)")]
 SIGNATURE, PARAMETER = re.compile(r"^[ \t]*def[ \t]+\w+\(([^)]*)", re.M), re.compile(r"(?:^|,)\s*\**(\w+)")
@@ -85,7 +66,7 @@ def string_end(text, start, quote):
 
 
 def bracket_cases(text):
-    """(query, target) pairs: each closing bracket of text and its matching opener (see the module docstring)."""
+    """(query, target) pairs: each closing bracket of text and its matching opener, in code only."""
     pairs, stack = [], []
     for i, (c, code) in enumerate(zip(text, in_code(text))):
         if code and c in OPENERS:
@@ -101,7 +82,7 @@ def bracket_cases(text):
 
 
 def definitions(text):
-    """(name, end) for each name that text's code defines, by position (see the module docstring)."""
+    """(name, end) for each name that text's code defines, by position (docs/report.md)."""
     found = [(m[1], m.start(1), m.end(1)) for pattern in DEFINITIONS for m in pattern.finditer(text)]
     for signature in SIGNATURE.finditer(text):
         offset = signature.start(1)
@@ -191,10 +172,7 @@ def best_head(values):
 def exp_text(ctx, run=None):
     """Closing brackets and their openers, uses of a name and its definition: which heads attend there?"""
     run = run or ctx.text_run
-    if run is None:
-        lm_results(ctx)  # trains the lm experiment's models first where they are not there yet
-        run = best_run("gpt")
-    run = Path(run)
+    run = Path(run or best_run(ctx, "gpt"))  # the lm experiment's GPT, trained first where it is not there
     model, meta = load_model(run, device=ctx.device)
     if meta["name"] != "stdlib" or meta["tokenizer"]["type"] != "char":
         print(f"text: skipped, as {run} was trained on {meta['name']} ({meta['tokenizer']['type']} tokens); it reads "
@@ -203,7 +181,7 @@ def exp_text(ctx, run=None):
     data_cfg = DataConfig(**json.loads((run / "config.json").read_text())["config"]["data"])
     T, tokenizer = model.config.block_size, load_tokenizer(meta)
     windows = line_windows(load_split(prepare(data_cfg, T), "val"), tokenizer.stoi["\n"], T,
-                           BUDGET[ctx.preset]["windows"])
+                           BUDGET[ctx.preset])
     cases, half = find_cases(windows, tokenizer.decode), len(windows) // 2
     for kind, found in cases.items():
         if not 0 < sum(w < half for w, _, _ in found) < len(found):

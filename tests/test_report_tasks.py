@@ -1,8 +1,8 @@
-"""scripts/report/tasks.py and scripts/report/retrieval.py: the synthetic batches, equal sizes, the bytes of state each
-model carries, induction's informed chance, the stopping rule (solved or the cap, nothing else), each model tuned on
-its own optimizers (Muon's muon_lr included), both rules on scripted numbers, and the experiments end to end on tiny
-budgets."""
+"""scripts/report/tasks.py: the synthetic batches, equal sizes by one matcher, the bytes of state each model carries,
+induction's informed chance, the one training loop and its stopping rule (solved or the cap, nothing else), and each
+model tuned on its own optimizers (Muon's muon_lr included) on the selection set."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,15 +13,15 @@ from attnlab import optim
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from model import KVCache
-from scripts.report import STATUSES, Context, retrieval, tasks
+from scripts.report import Context, tasks
+from scripts.report.induction import speed_merit
 from scripts.report.protocol import Recipe
-from scripts.report.retrieval import Point, Speed, induction_verdict, mqar_status, mqar_verdict, speed_status
 from scripts.report.tasks import (
     TaskRun,
     induction_batch,
+    matched_width,
     mixed_recall_batch,
     recall_batch,
-    rnn_width,
     state_bytes,
     steps_to,
     synthetic_models,
@@ -108,15 +108,17 @@ def test_synthetic_models_have_equal_size(vocab_size, n_embd):
 
 
 @pytest.mark.parametrize("type, gates, tied", [("lstm", 4, False), ("gru", 3, True), ("lstm", 4, True)])
-def test_rnn_width_counts_parameters_like_the_model(type, gates, tied):
-    width = rnn_width(200_000, 50, n_layer=3, gates=gates, tied=tied)
-    model = build_model(ModelConfig(type=type, vocab_size=50, n_layer=3, n_embd=width, tie_weights=tied))
+def test_matched_width_is_the_closest_parameter_count(type, gates, tied):
+    cfg = ModelConfig(type=type, vocab_size=50, n_layer=3, tie_weights=tied)
+    width = matched_width(cfg, 200_000)
 
-    def count(h):
+    def count(h):  # each layer: gates x (W_ih, W_hh, b_ih, b_hh); the embedding and an untied head
         return 50 * h * (1 if tied else 2) + 3 * gates * (2 * h * h + 2 * h)
 
-    assert model.num_params() == count(width)
+    assert build_model(replace(cfg, n_embd=width)).num_params() == count(width)
     assert abs(count(width) - 200_000) <= min(abs(count(width + 1) - 200_000), abs(count(width - 1) - 200_000))
+    flops = matched_width(cfg, 2e6, lambda model: model.flops_per_token())  # any measure that grows with the width
+    assert abs(6 * count(flops) - 2e6) <= 6 * (count(flops + 1) - count(flops))
 
 
 @pytest.mark.parametrize("width, n_head, n_kv_head", [(64, 1, None), (32, 4, 2)])
@@ -151,39 +153,40 @@ def tiny_batch(it, g):
 
 
 EVALS = {"set": tiny_batch(0, torch.Generator().manual_seed(0))}
+R = Recipe("muon", 1e-3, 0.02)
 
 
 def test_an_unsolved_run_trains_to_the_cap_whatever_its_loss_does(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.1, 1.0)] + [(0.3, 0.9)] * 40)  # a flat loss from step 5 on
-    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 100, R, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 100 and [step for step, _ in run.curve] == list(range(0, 101, 5))
     assert run.select == 0.3 and not run.solved and not run.improving  # flat over the last quarter: not improving
     assert steps_to(run) is None
     # the loss falls 2% over the last quarter (steps 75 -> 100): still improving at the cap
     losses = [1.0] * 16 + [0.99, 0.985, 0.98, 0.98, 0.98]
     scripted_evaluate(monkeypatch, [(0.3, loss) for loss in losses])
-    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 100, R, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 100 and run.improving and not run.solved
     # ... by only 0.5%: not
     scripted_evaluate(monkeypatch, [(0.3, loss) for loss in [1.0] * 16 + [0.995] * 5])
-    assert not train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5).improving
+    assert not train_synthetic(TINY, tiny_batch, 100, R, EVALS, torch.device("cpu"), eval_every=5).improving
 
 
 def test_a_run_that_solves_stops_there_and_its_steps_to_90_and_99_come_from_the_curve(monkeypatch):
     scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.92, 0.7), (0.991, 0.5)])
-    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 100, R, EVALS, torch.device("cpu"), eval_every=5)
     assert run.steps == 10 and run.solved and not run.improving and steps_to(run) == 5 and steps_to(run, 0.99) == 10
     # every eval set must be solved: one at 99% and one short of it keep the run going
     two = {"a": EVALS["set"], "b": EVALS["set"]}
     scripted_evaluate(monkeypatch, [(0.995, 1.0), (0.98, 1.0)] * 3 + [(0.995, 0.5)] * 2)
-    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, two, torch.device("cpu"), eval_every=5)
+    run = train_synthetic(TINY, tiny_batch, 100, R, two, torch.device("cpu"), eval_every=5)
     assert run.steps == 15 and run.solved and steps_to(run, 0.9) == 0 and steps_to(run, 0.99) == 15
 
 
 def test_a_tracked_set_is_in_the_curve_and_the_stop_but_not_in_what_the_run_is_chosen_by(monkeypatch):
     # the selection set at 99% from the second eval; the tracked (test) set only from the third: the run goes on
     scripted_evaluate(monkeypatch, [(0.5, 1.0), (0.2, 9.0), (0.995, 0.5), (0.8, 9.0), (0.995, 0.5), (0.995, 9.0)])
-    run = train_synthetic(TINY, tiny_batch, 100, 1e-3, EVALS, torch.device("cpu"), eval_every=5,
+    run = train_synthetic(TINY, tiny_batch, 100, R, EVALS, torch.device("cpu"), eval_every=5,
                           tracked={"test": EVALS["set"]})
     assert run.steps == 10 and run.select == 0.995  # the selection set's accuracy alone
     assert steps_to(run, 0.99, {"set": 0}) == 5 and steps_to(run, 0.99, {"test": 0}) == 10
@@ -194,7 +197,7 @@ def test_muon_runs_at_the_given_muon_lr_and_iterates_in_fp32_on_every_cpu(monkey
     monkeypatch.setattr(optim, "native_bf16", lambda device: True)
     made, make = [], tasks.make_optimizer
     monkeypatch.setattr(tasks, "make_optimizer", lambda *args: made.append(make(*args)) or made[-1])
-    train_synthetic(TINY, tiny_batch, 2, 1e-3, EVALS, torch.device("cpu"), eval_every=5, muon_lr=0.12)
+    train_synthetic(TINY, tiny_batch, 2, Recipe("muon", 1e-3, 0.12), EVALS, torch.device("cpu"), eval_every=5)
     _, muon = made[0].optimizers
     assert muon.ns_dtype == torch.float32
     assert muon.param_groups[0]["lr_scale"] == pytest.approx(0.12 / 1e-3)  # follows the schedule, peaking at 0.12
@@ -207,7 +210,7 @@ def test_gpt_learns_recall_in_a_short_seeded_run():
         return recall_batch(64, 4, n_keys=16, generator=g)
 
     gpt = ModelConfig(vocab_size=33, block_size=12, n_layer=2, n_head=1, n_embd=64, tie_weights=False)
-    run = train_synthetic(gpt, make, 300, 3e-3, evals, torch.device("cpu"), stop_at=0.97)
+    run = train_synthetic(gpt, make, 300, Recipe("muon", 3e-3, 0.02), evals, torch.device("cpu"), stop_at=0.97)
     assert run.curve[-1][1][4] >= 0.95, run.curve
 
 
@@ -224,23 +227,23 @@ def test_each_model_tunes_its_own_optimizer_and_muon_lr_on_the_selection_set(mon
     # grid's top 0.18: the grid widens to 0.54 and 1.62, and Muon wins. The test set prefers AdamW: it must not decide
     trained = []
 
-    def fake_train(cfg, make_batch, cap, lr, evals, device, optimizer="muon", muon_lr=0.02, seed=0, **options):
-        trained.append((optimizer, lr, muon_lr, seed))
-        if optimizer == "adamw":
-            steps = 300 + round(100 * abs(math.log(lr / 1e-2)))
+    def fake_train(cfg, make_batch, cap, recipe, evals, device, seed=0, **options):
+        trained.append((recipe.optimizer, recipe.lr, recipe.muon_lr, seed))
+        if recipe.optimizer == "adamw":
+            steps = 300 + round(100 * abs(math.log(recipe.lr / 1e-2)))
         else:
-            steps = 100 + round(50 * abs(math.log(muon_lr / 0.5)))
+            steps = 100 + round(50 * abs(math.log(recipe.muon_lr / 0.5)))
         return fake_run(steps, cap)
 
-    monkeypatch.setattr(retrieval, "train_synthetic", fake_train)
-    monkeypatch.setattr(retrieval, "task_scores", lambda model, x, y: (0.0, 0.0))
+    monkeypatch.setattr(tasks, "train_synthetic", fake_train)
+    monkeypatch.setattr(tasks, "task_scores", lambda model, x, y: (0.0, 0.0))
     ctx = Context("quick", torch.device("cpu"), None)
-    part = dict(steps=1000, eval_every=10, seeds=3, tune_seeds=2)
-    b = dict(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=3)
+    b = tasks.Budget(adamw_lrs=(3e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=3, steps=1000, eval_every=10,
+                     seeds=3, tune_seeds=2)
     select = {"s": (torch.zeros(4, 100), torch.zeros(4, 100))}
     test = {"t": (torch.zeros(1, 2), torch.zeros(1, 2))}
-    task = retrieval.Task("induction", None, select, test)
-    best = retrieval.train_best(ctx, task, TINY, "lstm", "width 8", b, part, retrieval.speed_merit)
+    task = tasks.Task("induction", None, select, test)
+    best = tasks.train_best(ctx, task, TINY, "lstm", "width 8", b, speed_merit, (0.9, 0.99))
     assert best.tuned.recipe == Recipe("muon", 1e-2, 0.54) and not best.tuned.edge
     assert best.tuned.lrs == [0.02, 0.06, 0.18, 0.54, 1.62] and set(best.tuned.runs) == {0, 1, 2}
     (adamw,) = best.tuned.others
@@ -251,122 +254,3 @@ def test_each_model_tunes_its_own_optimizer_and_muon_lr_on_the_selection_set(mon
     points = {(p["setting"], p["lr"], p["seed"], p["metric"]): p["value"] for p in ctx.grid}
     assert points["width 8, muon", 0.54, 0, "steps to 90% selection accuracy"] == 100 + round(50 * math.log(0.54 / 0.5))
     assert points["width 8, adamw", 3e-3, 0, "steps to 90% selection accuracy"] == 300 + round(100 * math.log(10 / 3))
-
-
-def speeds(gpt90, gpt99, lstm90, mingru90, cap=400):
-    return {"gpt": {0.9: Speed(gpt90, cap), 0.99: Speed(gpt99, cap)},
-            "lstm": {0.9: Speed(lstm90, cap), 0.99: Speed([None] * len(lstm90), cap)},
-            "mingru": {0.9: Speed(mingru90, cap), 0.99: Speed([None] * len(mingru90), cap)}}
-
-
-@pytest.mark.parametrize("case, status", [
-    (([100, 120], [140, 160], [None, None], [300, 250]), "shown here"),  # ratios >= 400/120 and 250/120 > 2
-    (([100, 120], [140, 160], [None, None], [300, 200]), "not shown here"),  # minGRU 200/120 < 2
-    (([100, 120], [140, None], [None, None], [300, 300]), "not shown here"),  # a GPT seed short of 99%
-    (([100, 120], [140, 160], [90, 100], [None, None]), "contradicted here"),  # every LSTM seed as fast
-    (([100, 120], [140, 160], [90, 110], [None, None]), "not shown here"),  # 110 / 100 > 1
-])
-def test_induction_rule_follows_the_numbers(case, status):
-    evidence, decided = induction_verdict(speeds(*case))
-    assert decided == status
-    assert evidence.startswith(f"steps to 90%: GPT {case[0][0]} / {case[0][1]}; LSTM ")
-    if case[2] == [None, None]:
-        assert ("LSTM >400 / >400, ratio to the GPT 3.6 (3.3-4.0), a lower bound, the cap 400 over the GPT's steps: 2 "
-                "of 2 seeds not there by the cap") in evidence
-
-
-def test_a_capped_gpt_makes_no_bound():
-    gpt, other = Speed([100, None], 400), Speed([None, None], 400)
-    assert speed_status(gpt, gpt, other) == "not shown here"
-    assert "no bound: 1 of 2 GPT seeds" in retrieval.ratio_text(other, gpt)
-
-
-def point(name, width, test, bytes_per_pair):
-    """A Point with test accuracy test[pairs] on both seeds (a tuple: one each) and bytes_per_pair x pairs bytes (0: a
-    fixed 1,000 B)."""
-    return Point(name, width, None, {n: bytes_per_pair * n or 1000 for n in test},
-                 {n: list(acc) if isinstance(acc, tuple) else [acc, acc] for n, acc in test.items()})
-
-
-GPT = [point("gpt", 16, {4: 1.0, 16: 1.0}, 1000), point("gpt", 32, {4: 1.0, 16: 1.0}, 2000)]
-
-
-@pytest.mark.parametrize("lstm, mingru, status, why", [
-    ({4: 0.95, 16: 0.3}, {4: 1.0, 16: 0.5}, "shown here", "solves 4 pairs but every width fails 16"),
-    ({4: 0.95, 16: 0.3}, {4: 1.0, 16: 0.95}, "contradicted here", "width 64 (1,000 B) solves 16 pairs"),
-    ({4: 0.3, 16: 0.3}, {4: 1.0, 16: 0.5}, "not shown here", "no width solves even 4 pairs"),
-    ({4: 0.95, 16: (0.95, 0.5)}, {4: 1.0, 16: 0.5}, "not shown here", "no pair count that the narrowest GPT solves"),
-])
-def test_mqar_rule_follows_the_numbers(lstm, mingru, status, why):
-    points = [*GPT, point("lstm", 64, lstm, 0), point("mingru", 64, mingru, 0)]
-    evidence, decided = mqar_verdict(points, (4, 16))
-    assert decided == status and why in evidence
-
-
-def test_mqar_rule_needs_a_gpt_that_solves():
-    points = [point("gpt", 16, {4: 0.5}, 1000), point("lstm", 64, {4: 0.5}, 0)]
-    assert mqar_status(points, (4,), "lstm") == ("not shown here", "no GPT width solves any pair count")
-
-
-def test_every_budget_follows_the_protocol():
-    quick, full = retrieval.BUDGET["quick"], retrieval.BUDGET["full"]
-    assert quick.keys() == full.keys() and quick["induction"].keys() == full["induction"].keys()
-    assert quick["mqar"].keys() == full["mqar"].keys()
-    for budget in (quick, full):
-        assert len(budget["adamw_lrs"]) >= 3 and len(budget["muon_lrs"]) >= 3
-        for part in (budget["induction"], budget["mqar"]):
-            assert 1 <= part["tune_seeds"] <= part["seeds"] <= len(retrieval.SEEDS)
-        assert budget["induction"]["seeds"] >= 5
-        mqar = budget["mqar"]
-        assert min(mqar["pairs"]) == 4 and max(mqar["pairs"]) <= min(32, mqar["keys"])
-        assert set(mqar["widths"]) == set(retrieval.MODELS) and all(16 <= w <= 64 for w in mqar["widths"]["gpt"])
-    assert max(full["mqar"]["pairs"]) == 32 and quick["induction"]["steps"] <= 1000 >= quick["mqar"]["steps"]
-
-
-@pytest.fixture
-def tiny_budget(monkeypatch, tmp_path):
-    monkeypatch.setitem(retrieval.BUDGET, "quick", dict(
-        batch=4, adamw_lrs=(1e-3, 1e-2, 3e-2), muon_lrs=(0.02, 0.06, 0.18), widen=1, selection=8, test=16,
-        induction=dict(n_embd=16, steps=4, eval_every=2, seeds=3, tune_seeds=1),
-        mqar=dict(pairs=(2, 4), keys=8, widths=dict(gpt=(8,), lstm=(8, 16), mingru=(8,)), steps=4, eval_every=2,
-                  seeds=2, tune_seeds=1)))
-    return Context("quick", torch.device("cpu"), tmp_path, hardware="test CPU")
-
-
-def trained_recipes(ctx):
-    return {(p["model"], p["setting"].rsplit(", ", 1)[1]) for p in ctx.grid}
-
-
-def test_induction_experiment_end_to_end(tiny_budget, one_thread):
-    ctx = tiny_budget
-    retrieval.exp_induction(ctx)
-    assert {p.name for p in ctx.out.glob("*.png")} == {"induction.png"}
-    to90, to99, accuracy, attention = ctx.rows
-    assert to90["measure"].startswith("steps to 90% test accuracy") and to99["measure"].startswith("steps to 99%")
-    # the steps come from the test set's curve, scored at every eval beside the selection set and never chosen on
-    assert {p["metric"] for p in ctx.grid} >= {"steps to 90% test accuracy", "steps to 90% selection accuracy"}
-    assert all(len(to90[name].split(" / ")) == 3 for name in ("gpt", "lstm", "mingru"))
-    assert "ratio to the GPT" in to90["note"] and "minGRU" in to90["note"]
-    assert "chance uniform over the 32 tokens 3.1%" in accuracy["note"] and accuracy["mingru"]
-    assert attention["gpt"].count("%") == 2
-    assert trained_recipes(ctx) == {(m, o) for m in ("gpt", "lstm", "mingru") for o in ("adamw", "muon")}
-    (verdict,) = ctx.verdicts
-    assert verdict["rule"] == retrieval.RULE_INDUCTION and verdict["status"] in STATUSES
-
-
-def test_mqar_experiment_end_to_end(tiny_budget, one_thread):
-    ctx = tiny_budget
-    retrieval.exp_mqar(ctx)
-    assert {p.name for p in ctx.out.glob("*.png")} == {"mqar.png", "mqar_attention.png"}
-    two, four, recipes = ctx.rows
-    assert two["measure"].startswith("2 pairs (6 tokens): test accuracy % by width (bytes of state)")
-    assert "(768 B)" in two["gpt"] and "(1,536 B)" in four["gpt"]  # the KV cache grows with the pairs
-    assert "8: " in four["lstm"] and "(128 B)" in four["lstm"] and "(256 B)" in four["lstm"]  # h and c: 16 x width
-    assert "(64 B)" in four["mingru"] and "chance (1/pairs) 25.0%" in four["note"]
-    assert recipes["lstm"].count(" of ") == 2
-    settings_trained = {(p["model"], p["setting"]) for p in ctx.grid}
-    assert {s.split(", ")[0] for m, s in settings_trained if m == "lstm"} == {"width 8", "width 16"}
-    assert trained_recipes(ctx) == {(m, o) for m in ("gpt", "lstm", "mingru") for o in ("adamw", "muon")}
-    (verdict,) = ctx.verdicts
-    assert verdict["experiment"] == "mqar" and verdict["rule"] == retrieval.RULE_MQAR
-    assert verdict["status"] in STATUSES and "LSTM: " in verdict["evidence"] and "minGRU: " in verdict["evidence"]
