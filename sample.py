@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from attnlab.checkpoint import load_model
-from attnlab.cli import one_line_errors, run_cli
+from attnlab.cli import one_line_errors, quote_free_text, run_cli
 from attnlab.config import CONFIG_DIR, SampleConfig, register_configs
 from attnlab.decode import generate_stream
 from attnlab.hf import from_hf
@@ -88,16 +88,6 @@ def sample(cfg: SampleConfig, out=None):
     return texts
 
 
-def quote_prompts(argv):
-    """Hydra's override grammar rejects parentheses, quotes and most symbols in a bare value, but a prompt is
-    free text: pass prompt=... through as one quoted string (escaping quotes, backslashes and ${)."""
-    for i, arg in enumerate(argv):
-        key, sep, value = arg.partition("=")
-        if key == "prompt" and sep:
-            argv[i] = "prompt='" + value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
-    return argv
-
-
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="sample")
 @one_line_errors
 def main(dict_cfg):
@@ -105,5 +95,5 @@ def main(dict_cfg):
 
 
 if __name__ == "__main__":
-    quote_prompts(sys.argv)
+    quote_free_text(sys.argv, "prompt")
     run_cli(main)

@@ -71,6 +71,16 @@ def hydra_error_line(e, help_script):
     return f"{message}; python {help_script} --help lists every key, its default and the presets"
 
 
+def quote_free_text(argv, key):
+    """Hydra's override grammar rejects parentheses, quotes and most symbols in a bare value, but some values are free
+    text (a prompt, a page's text): pass key=... through as one quoted string (escaping quotes, backslashes and ${)."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name == key and sep:
+            argv[i] = f"{key}='" + value.replace("\\", "\\\\").replace("'", "\\'").replace("${", "\\${") + "'"
+    return argv
+
+
 def at_least(low, kind=int):
     """An argparse type: a number of kind that is at least low, or the command's usage error naming the bound."""
     def parse(text):

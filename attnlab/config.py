@@ -205,6 +205,24 @@ class EvalConfig(RuntimeConfig):
 
 
 @dataclass
+class AttentionConfig(RuntimeConfig):
+    out_dir: str = "out"  # the training run shown: a GPT's heads and its loss per token, an RNN's loss only
+    checkpoint: str = "best"  # best (lowest val loss, else latest) | latest; compare's too
+    text: str | None = None  # the text to read, given inline: text="def f(x): return x"
+    text_file: str | None = None  # or a UTF-8 file holding it
+    compare: str | None = None  # a second run (an LSTM, a minGRU, another GPT) scored token by token on the same text
+    max_tokens: int = 2000  # a longer text is cut to its first max_tokens tokens, which keeps the page light
+    page: str | None = None  # the HTML file written; None: out_dir/attention.html
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(self.checkpoint in ("best", "latest"), f"checkpoint={self.checkpoint!r} is unknown; use best or latest")
+        require(self.text is None or self.text_file is None, "pass text=\"...\" or text_file=FILE, not both")
+        require(2 <= self.max_tokens <= 65535, f"max_tokens={self.max_tokens} must be between 2 (the first token is "
+                                               f"only context) and 65535 (the page holds positions in 16 bits)")
+
+
+@dataclass
 class ExportConfig:
     out_dir: str = "out"  # the training run to export (trained with model=gpt2, any size)
     checkpoint: str = "best"  # best (lowest val loss, else latest) | latest
@@ -316,6 +334,7 @@ def register_configs():
     cs.store(name="config_schema", node=Config)
     cs.store(name="sample_schema", node=SampleConfig)
     cs.store(name="evaluate_schema", node=EvalConfig)
+    cs.store(name="attention_schema", node=AttentionConfig)
     cs.store(name="export_schema", node=ExportConfig)
     cs.store(name="hellaswag_schema", node=HellaSwagConfig)
 

@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attnlab.cli import run_cli  # noqa: E402
+from attnlab.cli import quote_free_text, run_cli  # noqa: E402
 from attnlab.config import Config, DataConfig, ModelConfig, TrainConfig, compose  # noqa: E402, F401  (compose: for tests)
 from train import train  # noqa: E402
 
@@ -67,7 +67,7 @@ def run_in_process(command, *args):
     module = importlib.import_module(name)
     argv = [command if command.endswith(".py") else module.__file__, *args]
     if command == "sample.py":
-        module.quote_prompts(argv)  # sample.py's `__main__` block quotes free-text prompts first
+        quote_free_text(argv, "prompt")  # sample.py's `__main__` block quotes free-text prompts first
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         patch.setattr(sys, "argv", argv)

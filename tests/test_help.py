@@ -6,6 +6,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 import data.prepare
 import sample
+import scripts.attention
 import scripts.bench
 import scripts.evaluate
 import scripts.export
@@ -21,6 +22,7 @@ HYDRA_COMMANDS = {
     "train.py": (train.main, "train.muon_lr Muon's"),
     "sample.py": (sample.main, "Generate text from a training run's checkpoint"),
     "scripts.evaluate": (scripts.evaluate.main, "Score a run's checkpoint"),
+    "scripts.attention": (scripts.attention.main, "what each head of a run's checkpoint attends to"),
     "scripts.export": (scripts.export.main, "Hugging Face folder"),
     "scripts.hellaswag": (scripts.hellaswag.main, "on HellaSwag's validation set, llm.c's completion style"),
 }

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import REPO
 
-ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.export", "scripts.hellaswag",
-                "scripts.runs", "scripts.bench", "scripts.report.__main__", "scripts.report.gpu"}
+ENTRY_POINTS = {"train", "sample", "data.prepare", "scripts.evaluate", "scripts.attention", "scripts.export",
+                "scripts.hellaswag", "scripts.runs", "scripts.bench", "scripts.report.__main__", "scripts.report.gpu"}
 # the design card's entries, the shared library, the secondary commands, and the files every project has
 TOP_LEVEL = {"model.py", "train.py", "sample.py", "configs", "data", "attnlab", "scripts", "tests", "docs", "README.md",
              "LICENSE", "pyproject.toml", ".gitignore", ".ci"}

@@ -6,8 +6,9 @@ from dataclasses import replace
 import pytest
 from conftest import FakeClock, run_in_process, tiny_config
 
+from attnlab.cli import quote_free_text
 from attnlab.config import ModelConfig, SampleConfig
-from sample import quote_prompts, sample
+from sample import sample
 from train import train
 
 
@@ -65,7 +66,7 @@ def test_bad_prompts_are_named(tiny_run, kw, message):
 
 def test_cli_takes_free_text_prompts(tiny_run):
     prompt = "f(x): {'a': x} # it's ${x}"
-    assert quote_prompts(["sample.py", f"prompt={prompt}"])[1].startswith("prompt='")
+    assert quote_free_text(["sample.py", f"prompt={prompt}"], "prompt")[1].startswith("prompt='")
     code, out, err = run_in_process("sample.py", f"out_dir={tiny_run}", f"prompt={prompt}", "max_new_tokens=5",
                                     "device=cpu")
     assert code == 0, err
