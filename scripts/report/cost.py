@@ -5,12 +5,11 @@ from dataclasses import dataclass, replace
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.ticker import NullLocator
 
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from model import CausalSelfAttention, GPTConfig, KVCache
-from scripts.report.tasks import VOCAB, lstm_preset
+from scripts.report.tasks import VOCAB, length_axis, lstm_preset
 from scripts.timing import layer_costs, token_times
 
 WINDOW = 256  # the windowed GPT's window in long and generation: each query sees itself and 255 tokens before it
@@ -32,13 +31,6 @@ class Budget:
 QUICK = Budget()
 BUDGET = dict(quick=QUICK, full=replace(QUICK, long_lengths=(*QUICK.long_lengths, 16384), memory_cap=8 * 2**30,
                                         time_cap_s=30, contexts=(*QUICK.contexts, 16384), new_tokens=64))
-
-
-def length_axis(ax, lengths, label):
-    """A log x axis ticked at the lengths measured, in plain numbers."""
-    ax.set_xlabel(label)
-    ax.set_xticks(lengths, [f"{T:,}" for T in lengths])
-    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def exp_long(ctx):

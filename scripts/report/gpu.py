@@ -30,8 +30,7 @@ from attnlab.optim import make_optimizer, train_step
 from attnlab.record import read_metrics
 from attnlab.runtime import autocast, autocast_dtype, configure
 from data.corpus import load_meta, prepare
-from scripts.report.cost import length_axis
-from scripts.report.tasks import VOCAB, matched
+from scripts.report.tasks import VOCAB, length_axis, matched
 from scripts.timing import Deadline, alternate, hardware_name
 
 matplotlib.use("Agg")

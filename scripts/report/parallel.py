@@ -20,8 +20,7 @@ from matplotlib.ticker import NullLocator
 from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.optim import train_step
-from scripts.report.cost import length_axis
-from scripts.report.tasks import VOCAB, matched_width
+from scripts.report.tasks import VOCAB, length_axis, matched_width
 from scripts.timing import time_steps
 
 HEAD_SIZE = 64  # the GPT's heads, as in GPT-2

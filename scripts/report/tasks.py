@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullLocator
 from tqdm import tqdm
 
 from attnlab.checkpoint import build_model
@@ -337,6 +338,13 @@ def protocol_text(b):
     return (f"batch {b.batch}, cap {b.steps} steps, scored every {b.eval_every}; AdamW lr "
             f"{'/'.join(map(str, b.adamw_lrs))} then Muon muon_lr {'/'.join(map(str, b.muon_lrs))} on seed 0 "
             f"(widened up to {b.widen}), then seeds {', '.join(map(str, SEEDS[:b.seeds]))}")
+
+
+def length_axis(ax, lengths, label):
+    """A log x axis ticked at the lengths measured, in plain numbers."""
+    ax.set_xlabel(label)
+    ax.set_xticks(lengths, [f"{T:,}" for T in lengths])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def save_wrapped(ctx, fig, name, detail):
