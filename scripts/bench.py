@@ -77,7 +77,9 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "no QK-norm": ["model.qk_norm=false"],
           "Muon momentum 0.95 instead of 0.85": ["train.muon_momentum=0.95"],
           "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"],
-          "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"]}
+          "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"],
+          "warmup 30 steps instead of 100": ["train.warmup_iters=30"],
+          "decay to zero instead of min_lr 1e-4": ["train.min_lr=0"]}
 
 
 def table(header, rows):
