@@ -128,7 +128,7 @@ class LMResult:
 
     def runs(self, name):
         """name's equal-token runs at its best recipe, by seed."""
-        return [self.tuned[name].runs[seed] for seed in sorted(self.tuned[name].runs)]
+        return self.tuned[name].by_seed
 
     def optimizer(self, name, optimizer):
         """name's Tuned on one optimizer's grid (adamw | muon) at equal tokens."""
@@ -447,7 +447,7 @@ def lm_rows(ctx, result, curves):
     """The results table's lm rows; curves: each model's test loss by position at equal tokens, (seeds, T)."""
     gpt, lstm, plan = result.models["gpt"], result.models["lstm"], result.plan
     T, best = plan.block_size, {n: result.runs(n) for n in NAMES}
-    adamw = {n: [t.runs[s] for s in sorted(t.runs)] for n in NAMES if (t := result.optimizer(n, "adamw"))}
+    adamw = {n: result.optimizer(n, "adamw").by_seed for n in NAMES}
     ctx.row("lm", "models", f"{gpt.desc}, {gpt.params:,} params", f"{lstm.desc}, {lstm.params:,} params",
             f"corpus {result.corpus} ({result.vocab} tokens; unigram {result.unigram:.2f} nats); context {T}; "
             f"{plan.batch_size} sequences a step; fp32")

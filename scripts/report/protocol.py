@@ -37,6 +37,11 @@ class Tuned:
     def lrs(self):
         return [recipe.grid_lr for recipe, _ in self.tried]
 
+    @property
+    def by_seed(self):
+        """The chosen recipe's runs in seed order."""
+        return [self.runs[seed] for seed in sorted(self.runs)]
+
 
 def tune(fit, recipe_at, lrs, seeds, merit, flat=None, widen=3):
     """fit(recipe_at(lr), seeds[0]) at every lr; the lr of the highest merit([run]) is chosen. While it sits at an end

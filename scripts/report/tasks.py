@@ -266,7 +266,7 @@ class Trained:
 
     @property
     def runs(self) -> list[TaskRun]:
-        return [self.tuned.runs[seed] for seed in sorted(self.tuned.runs)]
+        return self.tuned.by_seed
 
     def recipe_text(self):
         """The chosen recipe, and where it sits in its grid."""
