@@ -97,8 +97,8 @@ class InProcessPool:
         return future
 
 
-def test_jobs_run_what_others_read_alone_first_then_the_untimed_parts_in_workers_then_the_timed_ones(tmp_path,
-                                                                                                     monkeypatch):
+def test_jobs_run_timed_sources_alone_then_untimed_parts_in_workers_a_source_before_its_readers(tmp_path,
+                                                                                                  monkeypatch):
     ran = []
     def part(name):
         def run(ctx):
@@ -117,18 +117,19 @@ def test_jobs_run_what_others_read_alone_first_then_the_untimed_parts_in_workers
         seconds, hardware = report_cli.run_parts(ctx, list(names), jobs=2)
     finally:
         torch.set_num_threads(threads)
-    assert ran == [("lm", 2), ("sizes", 2), ("scaling", 1), ("mqar", 1), ("context", 1), ("text", 1), ("parallel", 2)]
-    assert set(seconds) == set(names) and set(hardware) == {"context", "text", "mqar", "scaling"}
+    # lm is timed: alone, first; sizes and its reader share a worker, submitted first; then the other untimed parts
+    assert ran == [("lm", 2), ("sizes", 1), ("context", 1), ("scaling", 1), ("mqar", 1), ("text", 1), ("parallel", 2)]
+    assert set(seconds) == set(names) and set(hardware) == {"sizes", "context", "text", "mqar", "scaling"}
     assert all(h.endswith("1 thread(s)") for h in hardware.values())
     assert sorted(r["experiment"] for r in ctx.rows) == sorted(names)  # the workers' rows come back
-    # a part that reads runs where they are not there brings their experiment in, first and alone, so that its
-    # rows, grid and verdict are written with the runs (and its time is counted as its own)
+    # a part that reads runs where they are not there brings their experiment in, before it, so that its rows, grid
+    # and verdict are written with the runs (and its time is counted as its own)
     monkeypatch.setattr(report_cli, "cached_lm", lambda ctx: None)
     monkeypatch.setattr(report_cli, "cached_sizes", lambda ctx: None)
     for jobs in (1, 2):
         ran.clear()
         seconds, _ = report_cli.run_parts(ctx, ["context", "text", "scaling"], jobs=jobs)
-        assert [n for n, _ in ran] == (["lm", "sizes", "scaling", "context", "text"] if jobs == 2 else
+        assert [n for n, _ in ran] == (["lm", "sizes", "context", "scaling", "text"] if jobs == 2 else
                                        ["scaling", "lm", "sizes", "context", "text"])
         assert set(seconds) == {"lm", "sizes", "scaling", "context", "text"}
     monkeypatch.setattr(report_cli, "cached_sizes", lambda ctx: "the runs")  # there already: not run again

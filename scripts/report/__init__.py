@@ -67,11 +67,14 @@ class Context:
         plt.close(fig)
 
 
-def run_part(ctx, experiment, threads):
-    """One experiment on a fresh copy of ctx in this (worker) process at threads: its rows, grid, verdicts, seconds
-    and hardware, which names the thread count it ran with."""
+def run_chain(ctx, experiments, threads):
+    """Experiments one after another, each on a fresh copy of ctx, in this (worker) process at threads: for each, its
+    rows, grid, verdicts, seconds and hardware, which names the thread count it ran with."""
     torch.set_num_threads(threads)
-    part = Context(ctx.preset, ctx.device, ctx.out, ctx.data_path, hardware_name(ctx.device), ctx.text_run)
-    t0 = time.time()
-    experiment(part)
-    return part.rows, part.grid, part.verdicts, time.time() - t0, part.hardware
+    done = []
+    for experiment in experiments:
+        part = Context(ctx.preset, ctx.device, ctx.out, ctx.data_path, hardware_name(ctx.device), ctx.text_run)
+        t0 = time.time()
+        experiment(part)
+        done.append((part.rows, part.grid, part.verdicts, time.time() - t0, part.hardware))
+    return done

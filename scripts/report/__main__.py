@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from attnlab.cli import at_least
 from attnlab.runtime import pick_device
-from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_part
+from scripts.report import REASONS, RESULTS, SCRATCH, STATUSES, Context, run_chain
 from scripts.report.context import exp_context
 from scripts.report.cost import exp_generation, exp_long
 from scripts.report.induction import exp_induction
@@ -129,11 +129,12 @@ def write_report(ctx, ran, seconds, hardware=None):
 
 
 def run_parts(ctx, names, jobs):
-    """Every experiment of names, in PARTS order, or with jobs > 1: the experiments others read (lm, sizes) alone,
-    then the other untimed parts jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each
-    on its share of the threads, then the other timed parts alone. A part that reads the lm or sizes runs where they
-    are not there brings that experiment in, so its rows, grid and verdict are written with the runs. Returns each
-    part's seconds (every part run) and, for the pooled ones, their hardware."""
+    """Every experiment of names, in PARTS order, or with jobs > 1: the timed experiments others read (lm) alone,
+    then the untimed parts jobs at a time in worker processes (spawned: a forked OpenMP runtime can hang), each on its
+    share of the threads, an untimed experiment others read (sizes) first and its readers after it in its worker,
+    then the other timed parts alone. A part that reads the lm or sizes runs where they are not there brings that
+    experiment in, so its rows, grid and verdict are written with the runs. Returns each part's seconds (every part
+    run) and, for the pooled ones, their hardware."""
     seconds, hardware = {}, {}
     def alone(name):
         t0 = time.time()
@@ -155,20 +156,23 @@ def run_parts(ctx, names, jobs):
         return seconds, hardware
     read = [n for n in names if any(PARTS[r].reads == n for r in names)]
     for name in read:
-        alone(name)  # first, so that no worker reads runs another is training
-    pooled = [n for n in names if not PARTS[n].timed and n not in read]
+        if PARTS[name].timed:
+            alone(name)  # first, so that no worker reads runs another is training
+    # a worker runs an untimed source, then its readers; these chains go first, then every other untimed part
+    chains = [[n, *(r for r in names if PARTS[r].reads == n)] for n in read if not PARTS[n].timed]
+    chains += [[n] for n in names if not PARTS[n].timed and not any(n in chain for chain in chains)]
     threads = max(1, torch.get_num_threads() // jobs)
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(run_part, ctx, PARTS[n].run, threads): n for n in pooled}
+        futures = {pool.submit(run_chain, ctx, [PARTS[n].run for n in chain], threads): chain for chain in chains}
         for future in as_completed(futures):
-            name, (rows, grid, verdicts, s, hw) = futures[future], future.result()
-            ctx.rows += rows
-            ctx.grid += grid
-            ctx.verdicts += verdicts
-            seconds[name], hardware[name] = s, hw
-            tqdm.write(f"{name}: {s:.0f} s ({hw.rsplit(', ', 1)[-1]}, {jobs} parts at a time)")
+            for name, (rows, grid, verdicts, s, hw) in zip(futures[future], future.result()):
+                ctx.rows += rows
+                ctx.grid += grid
+                ctx.verdicts += verdicts
+                seconds[name], hardware[name] = s, hw
+                tqdm.write(f"{name}: {s:.0f} s ({hw.rsplit(', ', 1)[-1]}, {jobs} parts at a time)")
     for name in names:
-        if PARTS[name].timed and name not in read:
+        if PARTS[name].timed and name not in seconds:
             alone(name)
     return seconds, hardware
 

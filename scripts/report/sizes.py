@@ -33,11 +33,11 @@ RESULT = RUNS / "sizes" / "result.json"  # the last sizes training: one LMResult
 class Budget:
     """What the sizes experiment may spend. Runs: 2 models x 3 sizes x (5 grid points, more where widened, + 2
     seeds), each a train.py start-up and training."""
-    gpt: tuple = ((2, 2, 24), (2, 2, 32), (2, 4, 48))  # (n_layer, n_head, n_embd) of each size, smallest first
+    gpt: tuple = ((2, 2, 20), (2, 2, 28), (2, 2, 40))  # (n_layer, n_head, n_embd) of each size, smallest first
     block_size: int = 512  # every run's context
     batch_size: int = 4  # sequences a step (steps: TOKENS_PER_PARAM x the pair's larger count / tokens a step)
-    muon_lrs: tuple = (("gpt", (0.02, 0.04, 0.08)), ("lstm", (0.08, 0.16, 0.32)))  # each model's muon_lr grid
-    adamw_lrs: tuple = (("gpt", (1e-3, 3e-3, 1e-2)), ("lstm", (3e-3, 1e-2, 3e-2)))  # its AdamW part's lr grid
+    muon_lrs: tuple = (("gpt", (0.01, 0.02, 0.04)), ("lstm", (0.08, 0.16, 0.32)))  # each model's muon_lr grid
+    adamw_lrs: tuple = (("gpt", (0.01, 0.03, 0.1)), ("lstm", (0.03, 0.09, 0.27)))  # its AdamW part's lr grid
     widen: int = 2  # grid steps added past a winning end
     seeds: int = 3  # the chosen recipe's seeds (grid points: seed 0)
     evals: int = 8  # train.py's val estimates a run (the curves against tokens)
@@ -49,6 +49,7 @@ class Budget:
 
 QUICK = Budget()
 BUDGET = dict(quick=QUICK, full=replace(QUICK, gpt=((2, 2, 32), (2, 2, 56), (3, 4, 64)),
+                                        muon_lrs=(("gpt", (0.02, 0.04, 0.08)), ("lstm", (0.08, 0.16, 0.32))),
                                         adamw_lrs=(("gpt", (3e-3, 1e-2, 3e-2)), ("lstm", (1e-2, 3e-2, 9e-2))),
                                         select_windows=256, train_windows=256))
 
