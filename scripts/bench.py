@@ -4,6 +4,7 @@ training runs of the CPU speedrun against nanoGPT's recipe, and corpus preparati
     python -m scripts.bench                          # train, sample, attention, generate (docs/speed.md)
     python -m scripts.bench --only train,attention   # some of the sections: train, sample, attention, generate
     python -m scripts.bench --only speedrun --data-path tinyshakespeare.txt   # 3 seeds of each recipe, about 11 minutes
+    python -m scripts.bench --only speedrun --nanogpt ../nanoGPT ...   # nanoGPT's own code as the reference
     python -m scripts.bench --only ablation --data-path tinyshakespeare.txt   # the speedrun's levers, one at a time
     python -m scripts.bench --only ablation --levers momentum,bf16 ...   # the full recipe beside the levers named so
     python -m scripts.bench --only prepare --bpe-file gpt2.tiktoken   # MB/s and peak memory, 1 and 2 workers, 256 MB
@@ -68,6 +69,11 @@ TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)  # --quick's model sh
 REFERENCE, LONG_RECIPE = "nanoGPT CPU recipe", "speedrun_cpu_long"
 PRESETS = {REFERENCE: ["experiment=nanogpt_cpu"], "speedrun_cpu": ["experiment=speedrun_cpu"],
            LONG_RECIPE: ["experiment=speedrun_cpu_long"]}
+# with --nanogpt the reference is karpathy/nanoGPT's own train.py, run with its README's CPU command
+NANOGPT = "nanoGPT's own train.py (its CPU command; val: its 20-batch estimate)"
+NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
+               "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
+               "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 # experiment=speedrun_cpu with one lever changed at a time, each run its 300 steps: the loss is then the same on every
 # run of a seed (a time budget would add the machine's noise to it), and a slower step shows in the wall time
 BASE = "speedrun_cpu, every lever"
@@ -199,30 +205,59 @@ def timed_train_py(overrides, seed, args, sizes):
     return wall, final["iter"], final["val_loss"], final["elapsed_s"]
 
 
+def timed_nanogpt(args):
+    """One run of nanoGPT's own train.py in the checkout args.nanogpt (NANOGPT_CPU), its text prepared there first by
+    its own prepare.py from args.data_path: (wall seconds from launch to exit, iterations, its last val estimate,
+    seconds its iterations took). It has no seed option: every run trains alike."""
+    folder, data = Path(args.nanogpt), Path(args.nanogpt) / "data" / "shakespeare_char"
+    if not (folder / "train.py").exists() or not (data / "prepare.py").exists():
+        sys.exit(f"bench: --nanogpt {folder} is not a karpathy/nanoGPT checkout (no train.py or "
+                 f"data/shakespeare_char/prepare.py); clone https://github.com/karpathy/nanoGPT and pass its folder")
+    if not (data / "train.bin").exists():
+        if args.data_path:
+            shutil.copyfile(args.data_path, data / "input.txt")
+        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+    with tempfile.TemporaryDirectory() as out_dir:
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "train.py", *NANOGPT_CPU, f"--out_dir={out_dir}"], cwd=folder,
+                                env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    evals = re.findall(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", result.stdout)
+    if result.returncode or not evals:
+        last_line = result.stderr.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
+        sys.exit(f"bench: nanoGPT's train.py in {folder} failed: {last_line[0]}")
+    iteration_ms = re.findall(r"iter \d+: loss [\d.]+, time ([\d.]+)ms", result.stdout)
+    return wall, int(evals[-1][0]), float(evals[-1][1]), sum(map(float, iteration_ms)) / 1000
+
+
 def alternate_runs(cases, args, sizes, more_overrides=lambda name, runs: []):
-    """Every case once per seed, in turn (A B C A B C ...), so a busy spell slows each case alike.
-    more_overrides(name, runs so far) adds overrides to a case's run from the runs before it."""
+    """Every case once per seed, in turn (A B C A B C ...), so a busy spell slows each case alike. A case is
+    train.py's overrides, or None for nanoGPT's own train.py. more_overrides(name, runs so far) adds overrides to a
+    case's run from the runs before it."""
     runs = {name: [] for name in cases}
     for seed in range(sizes["seeds"]):
         for name, overrides in cases.items():
-            runs[name].append(timed_train_py([*overrides, *more_overrides(name, runs)], seed, args, sizes))
+            runs[name].append(timed_nanogpt(args) if overrides is None else
+                              timed_train_py([*overrides, *more_overrides(name, runs)], seed, args, sizes))
     return runs
 
 
 def long_recipe_budget(name, runs):
     """The long recipe trains for the reference's wall time in this seed's round, less the start-up and final
     evaluation that the short recipe's run took just before (its wall minus its seconds trained): its whole run
-    then fits in the reference's time on whatever machine runs it."""
+    then fits in the reference's (the first case's) time on whatever machine runs it."""
     if name != LONG_RECIPE:
         return []
-    (reference_wall, *_), (short_wall, _, _, short_trained) = runs[REFERENCE][-1], runs["speedrun_cpu"][-1]
+    (reference_wall, *_), (short_wall, _, _, short_trained) = runs[next(iter(runs))][-1], runs["speedrun_cpu"][-1]
     return [f"train.time_budget_s={max(1.0, reference_wall - (short_wall - short_trained)):.1f}",
             "train.max_iters=100000"]  # the budget, not a step count, ends the run
 
 
 def speedrun_section(args, device, sizes):
-    runs = alternate_runs(PRESETS, args, sizes, long_recipe_budget)
-    reference = statistics.median(r[0] for r in runs[REFERENCE])
+    cases = {NANOGPT: None, **{n: o for n, o in PRESETS.items() if n != REFERENCE}} if args.nanogpt else PRESETS
+    runs = alternate_runs(cases, args, sizes, long_recipe_budget)
+    reference = statistics.median(r[0] for r in next(iter(runs.values())))
     rows = []
     for name, results in runs.items():
         wall, iters, trained = (statistics.median(r[i] for r in results) for i in (0, 1, 3))
@@ -774,6 +809,8 @@ def main(argv=None):
     parser.add_argument("--levers", type=lambda v: v.split(","), help="ablation: only the levers whose names "
                         "contain one of these comma-separated words (e.g. momentum,bf16), beside the full recipe")
     parser.add_argument("--data-path", help="tiny Shakespeare's text for speedrun and ablation (else it downloads)")
+    parser.add_argument("--nanogpt", help="speedrun: a karpathy/nanoGPT checkout, whose own train.py (its README's "
+                        "CPU command) is then the reference instead of experiment=nanogpt_cpu")
     parser.add_argument("--bpe-file", help="a gpt2.tiktoken ranks file: prepare also times GPT-2's tokenizer")
     parser.add_argument("--prepare-mb", type=at_least(0.001, float), default=256, help="prepare's corpus size in MB")
     parser.add_argument("--prepare-rounds", type=at_least(1), help="prepare's rounds (default 2, or 1 with --quick)")

@@ -62,6 +62,32 @@ def test_the_long_recipe_trains_for_the_references_wall_less_the_short_recipes_s
     assert bench.long_recipe_budget("speedrun_cpu", runs) == []
 
 
+FAKE_NANOGPT = """import sys
+assert "--device=cpu" in sys.argv and "--max_iters=2000" in sys.argv and open("data/shakespeare_char/train.bin").read()
+for it in range(3):
+    print(f"iter {it}: loss 4.0000, time 250.00ms, mfu -100.00%")
+print("step 2000: train loss 1.7000, val loss 1.8857")
+"""
+
+
+def test_nanogpts_own_train_py_is_the_reference_once_its_checkout_is_given(tmp_path, monkeypatch, capsys):
+    # a stand-in checkout: its prepare.py writes the bins from the text passed, its train.py prints nanoGPT's lines
+    data = tmp_path / "nanoGPT" / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    (data / "prepare.py").write_text("open('train.bin', 'w').write(open('input.txt').read())\n")
+    (tmp_path / "nanoGPT" / "train.py").write_text(FAKE_NANOGPT)
+    (tmp_path / "text.txt").write_text("hello")
+    monkeypatch.setattr(bench, "timed_train_py", lambda overrides, seed, args, sizes: (10.0, 300, 1.87, 8.0))
+    bench.main(["--quick", "--only", "speedrun", "--nanogpt", str(tmp_path / "nanoGPT"),
+                "--data-path", str(tmp_path / "text.txt")])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [row[0][2:] for row in rows] == [bench.NANOGPT, "speedrun_cpu", bench.LONG_RECIPE]
+    assert rows[0][1:3] == ["2000", "0.8"] and rows[0][5] == "1.8857"  # its iterations' 3 x 250 ms, its val
+    assert rows[0][4] == "100%"  # the reference against itself
+    with pytest.raises(SystemExit, match="not a karpathy/nanoGPT checkout"):
+        bench.main(["--quick", "--only", "speedrun", "--nanogpt", str(tmp_path)])
+
+
 def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path, monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(bench, "timed_train_py",
