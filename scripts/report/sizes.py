@@ -211,7 +211,10 @@ def sizes_figure(ctx, results):
         ax.minorticks_off()  # log-axis minor labels overlap over a decade
         ax.set(ylabel="test loss (nats/token, val 2nd half)")
         ax.legend(fontsize=7)
-    axes[0].set(xlabel="parameters", title=f"loss against size\n({TOKENS_PER_PARAM} tokens per parameter)")
+    params = [r.models["gpt"].params for r in results]  # ticks at the sizes: a range within a decade has no other
+    axes[0].set_xticks(params, [f"{n / 1e3:.0f}K" for n in params])
+    axes[0].set(xlabel="parameters (ticks: the GPT's)", title=f"loss against size\n({TOKENS_PER_PARAM} tokens per "
+                f"parameter)")
     axes[1].set(xlabel="training FLOPs", title="loss against training compute")
     axes[2].set(xlabel="tokens seen (M)", ylabel="val loss (train.py's estimate, seed mean)",
                 title="each pair against tokens seen\n(darker: larger)")
