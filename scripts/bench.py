@@ -74,7 +74,7 @@ NANOGPT = "nanoGPT's own train.py (its CPU command; val: its 20-batch estimate)"
 NANOGPT_CPU = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
                "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",
                "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
-# experiment=speedrun_cpu with one lever changed at a time, each run its 300 steps: the loss is then the same on every
+# experiment=speedrun_cpu with one lever changed at a time, each run its step count: the loss is then the same on every
 # run of a seed (a time budget would add the machine's noise to it), and a slower step shows in the wall time
 BASE = "speedrun_cpu, every lever"
 LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
@@ -85,7 +85,8 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"],
           "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"],
           "warmup 30 steps instead of 100": ["train.warmup_iters=30"],
-          "decay to zero instead of min_lr 1e-4": ["train.min_lr=0"]}
+          "decay to zero instead of min_lr 1e-4": ["train.min_lr=0"],
+          "4 layers and 300 steps instead of 3 and 315 (nanoGPT's depth)": ["model.n_layer=4", "train.max_iters=300"]}
 
 
 def table(header, rows):

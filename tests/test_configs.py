@@ -133,9 +133,10 @@ def test_speed_experiments_compose_with_their_recipes():
     assert (nanogpt.model.n_layer, nanogpt.model.n_embd, nanogpt.model.block_size, nanogpt.train.batch_size,
             nanogpt.train.max_iters, nanogpt.model.pos, nanogpt.train.optimizer) == (4, 128, 64, 12, 2000, "learned",
                                                                                  "adamw")
-    # the short speedrun keeps nanoGPT's model and batch size; the long one inherits its levers, not its shape
+    # the short speedrun keeps nanoGPT's width, context and batch size with a layer fewer; the long one inherits its
+    # levers, not its shape
     assert ((speedrun.model.n_layer, speedrun.model.n_embd, speedrun.model.block_size, speedrun.train.batch_size)
-            == (4, 128, 64, 12))
+            == (3, 128, 64, 12))
     long = compose("experiment=speedrun_cpu_long")
     assert (long.model.n_layer, long.model.block_size, long.train.batch_size) == (3, 128, 24)
     # a step count, which repeats on any machine; scripts/bench.py gives it nanoGPT's wall there as a budget instead
