@@ -217,7 +217,11 @@ def timed_nanogpt(args):
     if not (data / "train.bin").exists():
         if args.data_path:
             shutil.copyfile(args.data_path, data / "input.txt")
-        subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+        prepared = subprocess.run([sys.executable, "prepare.py"], cwd=data, capture_output=True, text=True)
+        if prepared.returncode:
+            last_line = prepared.stderr.strip().splitlines()[-1:] or [f"exit status {prepared.returncode}"]
+            sys.exit(f"bench: nanoGPT's prepare.py in {data} failed: {last_line[0]}; pass --data-path "
+                     f"tinyshakespeare.txt where it cannot download")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)} if args.threads else None
     with tempfile.TemporaryDirectory() as out_dir:
         start = time.perf_counter()

@@ -86,6 +86,10 @@ def test_nanogpts_own_train_py_is_the_reference_once_its_checkout_is_given(tmp_p
     assert rows[0][4] == "100%"  # the reference against itself
     with pytest.raises(SystemExit, match="not a karpathy/nanoGPT checkout"):
         bench.main(["--quick", "--only", "speedrun", "--nanogpt", str(tmp_path)])
+    (data / "train.bin").unlink()  # a prepare.py that fails (offline, say) is one line naming the fix
+    (data / "prepare.py").write_text("raise OSError('no network')\n")
+    with pytest.raises(SystemExit, match="prepare.py in .* failed: OSError: no network; pass --data-path"):
+        bench.main(["--quick", "--only", "speedrun", "--nanogpt", str(tmp_path / "nanoGPT")])
 
 
 def test_levers_picks_the_ablation_rows_by_name_beside_the_full_recipe(tmp_path, monkeypatch, capsys):
