@@ -3,6 +3,8 @@
 Shared by train.py, sample.py and the scripts, so each picks devices the same way. What only CUDA has (TF32, pinned
 memory) is decided here, in small functions the CPU tests reach too. The timing kit lives in scripts/timing.py.
 """
+import ctypes
+import ctypes.util
 import re
 import subprocess
 from contextlib import nullcontext
@@ -60,9 +62,31 @@ def activation_dtype(model, device):
 
 
 def configure(device):
-    """Backend switches for device: TF32 matmuls on CUDA (fp32 accuracy is not needed for training there)."""
+    """Backend switches for device: TF32 matmuls on CUDA (fp32 accuracy is not needed for training there); on the
+    CPU, freed tensor memory kept for the next step (keep_freed_memory)."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cpu":
+        keep_freed_memory()
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory():
+    """Where the C library is glibc: serve tensors of up to 32 MiB from the heap and never shrink it, instead of
+    handing freed blocks back to the OS and page-faulting them in again at every step (docs/log.md, 2026-12-07).
+    Returns whether it applied; elsewhere (musl, macOS, Windows) nothing changes."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    # both or neither: a trim threshold alone turns off glibc's adaptive mmap threshold, and every block mmaps
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
 def to_device(tensor, device):

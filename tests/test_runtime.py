@@ -1,9 +1,12 @@
 """attnlab/runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the git commit. GPU-only checks
 are skipped without CUDA."""
 import importlib.util
+import os
+import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,8 +76,41 @@ def test_cpu_has_no_peak_and_keeps_its_backend_settings():
     runtime.sync(CPU)  # nothing to wait for, and no error
 
 
+# page faults over 10 training steps of a small GPT, in a fresh process (mallopt's settings are process-wide)
+FAULTS = """
+import resource, sys, torch
+from attnlab.runtime import keep_freed_memory
+from model import GPT, GPTConfig
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=65))
+optimizer = torch.optim.AdamW(model.parameters())
+x = torch.randint(65, (12, 64))
+def steps(n):
+    start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n):
+        model(x, x)[1].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
+steps(3)
+print(steps(10))
+"""
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+def test_keep_freed_memory_stops_the_training_steps_page_faulting():
+    def faults(mode):
+        run = subprocess.run([sys.executable, "-c", FAULTS, mode], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+        return int(run.stdout)
+    default, kept = faults("default"), faults("keep")
+    assert kept * 5 < default, (kept, default)  # about 20,000 faults against under 1,000 where measured
+
+
+def test_keep_freed_memory_declines_without_a_c_library(monkeypatch):
+    monkeypatch.setattr(runtime.ctypes.util, "find_library", lambda name: "libno-such-c.so.0")
+    assert runtime.keep_freed_memory() is False
 
 
 def test_git_commit_is_this_checkouts_head():
