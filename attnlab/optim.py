@@ -76,14 +76,33 @@ def orthogonalize(update, coefficients, steps, eps, dtype):
     update: a matrix, or a stack of same-shape ones (n, rows, cols), each orthogonalised on its own in one batch."""
     a, b, c = coefficients
     tall = update.size(-2) > update.size(-1)
-    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (n, rows, cols): one batched matmul per term
+    x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (n, r, c) with r <= c: one batched matmul per term
     x = x.mT if tall else x
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # each one's spectral norm at most 1
-    for _ in range(steps):
-        gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    if x.size(-1) >= 2 * x.size(-2) and dtype in (torch.float32, torch.float64):  # wide, and in full precision
+        x = gram_iterations(x, coefficients, steps)
+    else:
+        for _ in range(steps):
+            gram = x @ x.mT
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     x = x.mT if tall else x
     return x.reshape(update.shape)
+
+
+def gram_iterations(x, coefficients, steps):
+    """The same iterations on the (r, r) Gram matrix instead of x (r, c): each is x <- p(G) x with p(G) = aI + bG + cG^2
+    and G = x x^T, and p(G) commutes with G, so G <- p(G)^2 G and the product of the p(G)s is applied to x once at the
+    end: 8r^3 FLOPs an iteration against 4r^2c + 2r^3, less where c >= 2r. Not in bf16, where G drifts from x's."""
+    a, b, c = coefficients
+    gram = x @ x.mT  # (n, r, r)
+    eye = torch.eye(gram.size(-1), dtype=gram.dtype, device=gram.device)
+    product = None
+    for i in range(steps):
+        p = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) + a * eye  # (n, r, r)
+        product = p if product is None else p @ product
+        if i < steps - 1:
+            gram = p @ (p @ gram)
+    return product @ x
 
 
 class Muon(torch.optim.Optimizer):

@@ -134,9 +134,10 @@ def test_fsdp_trains_like_one_process_and_its_checkpoints_resume_in_either_mode(
 
 
 # Under FSDP each process gathers whole matrices for its share of Newton-Schulz, as one process computes them: observed
-# 0 for both (gloo, CPU, fp32). Each shard orthogonalised alone would move each weight's change 40-70%.
+# loss 0 and update 1.1e-4 (gloo, CPU, fp32): the FSDP gradient's last bits (2e-9) differ, and the iterations on the
+# Gram matrix (optim.gram_iterations) carry that further than x's did (0). Each shard orthogonalised alone: 40-70%.
 MUON_LOSS_TOLERANCE = 1e-6
-MUON_UPDATE_TOLERANCE = 1e-4
+MUON_UPDATE_TOLERANCE = 1e-3
 
 
 @pytest.mark.slow

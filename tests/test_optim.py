@@ -382,6 +382,34 @@ def test_orthogonalize_brings_singular_values_near_one_for_wide_and_tall_matrice
         assert singular.min() > 0.5 and singular.max() < 1.5  # Muon's quintic: about U S' V^T, S' in (0.5, 1.5)
 
 
+def x_space_quintic(update, steps=5):
+    """The iterations on update itself, in its own dtype: the reference for the Gram-space form."""
+    a, b, c = QUINTIC
+    x = update.mT if update.size(-2) > update.size(-1) else update
+    x = x / x.norm(dim=(-2, -1), keepdim=True)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.mT if update.size(-2) > update.size(-1) else x
+
+
+@pytest.mark.parametrize("shape", [(3, 16, 64), (3, 64, 16), (16, 48), (16, 24)])
+def test_orthogonalize_in_full_precision_is_the_x_space_iteration_also_on_the_gram_matrix(shape):
+    # (16, 24) is under 2:1, so it iterates on x; the others on their Gram matrix (optim.gram_iterations)
+    update = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    reference = x_space_quintic(update)
+    assert torch.allclose(orthogonalize(update, QUINTIC, 5, 1e-7, torch.float64), reference, rtol=0, atol=1e-12)
+    fp32 = orthogonalize(update.float(), QUINTIC, 5, 1e-7, torch.float32)
+    assert (fp32.double() - reference).abs().max() < 1e-5
+
+
+def test_orthogonalize_in_bf16_iterates_on_the_matrix_itself(monkeypatch):
+    monkeypatch.setattr(optim, "gram_iterations", None)  # a call would fail: G drifts from x's in bf16
+    update = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
+    x = orthogonalize(update, QUINTIC, 5, 1e-7, torch.bfloat16)
+    assert x.dtype == torch.bfloat16 and torch.linalg.svdvals(x.float()).max() < 1.5
+
+
 @pytest.mark.parametrize("native, dtype, ns_dtype", [
     (False, "bfloat16", torch.float32), (True, "bfloat16", torch.bfloat16),
     (True, "float32", torch.float32), (False, "float32", torch.float32)])
