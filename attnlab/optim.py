@@ -79,7 +79,7 @@ def orthogonalize(update, coefficients, steps, eps, dtype):
     x = update.to(dtype).reshape(-1, *update.shape[-2:])  # (n, r, c) with r <= c: one batched matmul per term
     x = x.mT if tall else x
     x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # each one's spectral norm at most 1
-    if x.size(-1) >= 2 * x.size(-2) and dtype in (torch.float32, torch.float64):  # wide, and in full precision
+    if x.size(-1) >= 2 * x.size(-2) and full_precision(dtype):  # wide, and its matmuls in full precision
         x = gram_iterations(x, coefficients, steps)
     else:
         for _ in range(steps):
@@ -87,6 +87,12 @@ def orthogonalize(update, coefficients, steps, eps, dtype):
             x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     x = x.mT if tall else x
     return x.reshape(update.shape)
+
+
+def full_precision(dtype):
+    """fp64, or fp32 while its matmuls keep fp32's precision: TF32 (train.py's setting on CUDA) rounds nearly as
+    coarsely as bf16, in which the Gram matrix drifts."""
+    return dtype == torch.float64 or (dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest")
 
 
 def gram_iterations(x, coefficients, steps):

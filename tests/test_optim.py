@@ -403,11 +403,18 @@ def test_orthogonalize_in_full_precision_is_the_x_space_iteration_also_on_the_gr
     assert (fp32.double() - reference).abs().max() < 1e-5
 
 
-def test_orthogonalize_in_bf16_iterates_on_the_matrix_itself(monkeypatch):
+def test_orthogonalize_in_bf16_or_tf32_iterates_on_the_matrix_itself(monkeypatch):
     monkeypatch.setattr(optim, "gram_iterations", None)  # a call would fail: G drifts from x's in bf16
     update = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
     x = orthogonalize(update, QUINTIC, 5, 1e-7, torch.bfloat16)
     assert x.dtype == torch.bfloat16 and torch.linalg.svdvals(x.float()).max() < 1.5
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # what TF32 on CUDA sets (runtime.configure)
+    try:
+        x = orthogonalize(update, QUINTIC, 5, 1e-7, torch.float32)
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert torch.linalg.svdvals(x).max() < 1.5
 
 
 @pytest.mark.parametrize("native, dtype, ns_dtype", [
