@@ -40,7 +40,7 @@ from attnlab.distributed import Processes, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
-from attnlab.runtime import autocast, autocast_dtype, configure, freeze_setup_objects, peak_flops
+from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops
 from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
@@ -385,7 +385,6 @@ def train(cfg: Config, clock=time.time, ckpt=None):
     print_start(run, state, dtype, grad_accum, tokens_per_micro)
     speed = Speedometer(clock, state, tokens_per_step=grad_accum * tokens_per_micro, procs=procs)
     budget_clock = BudgetClock(run, state.elapsed_s)
-    freeze_setup_objects()  # what setup built lives to the end: no collection scans it again
     # the loop: lr, eval, checkpoint, stop, micro-steps, clip and step, log
     finished = False  # the finally records it: a run finished or stopped
     val_loss = None

@@ -5,7 +5,6 @@ memory) is decided here, in small functions the CPU tests reach too. The timing 
 """
 import ctypes
 import ctypes.util
-import gc
 import re
 import subprocess
 from contextlib import nullcontext
@@ -88,14 +87,6 @@ def keep_freed_memory():
         return False
     # both or neither: a trim threshold alone turns off glibc's adaptive mmap threshold, and every block mmaps
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
-
-
-def freeze_setup_objects():
-    """Exempt every object alive now from the garbage collector's scans (gc.freeze), as nanochat's training loop does:
-    a run's modules, model and optimizer outlive the loop, and each full collection would scan them again, the one at
-    the process's exit included. Garbage is collected first, so none is kept; refcounting still frees what is frozen."""
-    gc.collect()
-    gc.freeze()
 
 
 def to_device(tensor, device):

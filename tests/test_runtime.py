@@ -1,6 +1,5 @@
 """attnlab/runtime.py: device choice and its one-line errors, autocast dtypes, peaks, the git commit. GPU-only checks
 are skipped without CUDA."""
-import gc
 import importlib.util
 import os
 import platform
@@ -8,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import weakref
 from pathlib import Path
 
 import pytest
@@ -113,28 +111,6 @@ def test_keep_freed_memory_stops_the_training_steps_page_faulting():
 def test_keep_freed_memory_declines_without_a_c_library(monkeypatch):
     monkeypatch.setattr(runtime.ctypes.util, "find_library", lambda name: "libno-such-c.so.0")
     assert runtime.keep_freed_memory() is False
-
-
-class Node:
-    """An object that can be part of a reference cycle."""
-
-
-def test_freeze_setup_objects_frees_garbage_first_and_exempts_the_rest_from_collection():
-    garbage = Node()
-    garbage.me = garbage  # a cycle that nothing refers to: only the collector frees it
-    garbage = weakref.ref(garbage)
-    kept = Node()
-    kept.me = kept
-    try:
-        runtime.freeze_setup_objects()
-        assert garbage() is None  # collected, not frozen
-        kept = weakref.ref(kept)  # now the cycle is garbage too, but frozen
-        gc.collect()
-        assert kept() is not None
-    finally:
-        gc.unfreeze()
-    gc.collect()
-    assert kept() is None
 
 
 def test_git_commit_is_this_checkouts_head():
