@@ -77,7 +77,7 @@ M_MMAP_THRESHOLD = -3
 
 def keep_freed_memory():
     """Where the C library is glibc: serve tensors of up to 32 MiB from the heap and never shrink it, instead of
-    handing freed blocks back to the OS and page-faulting them in again at every step (docs/log.md, 2026-12-07).
+    handing freed blocks back to the OS and page-faulting them in again at every step (docs/log.md).
     Returns whether it applied; elsewhere (musl, macOS, Windows) nothing changes."""
     name = ctypes.util.find_library("c")
     try:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attnlab.optim as optim
+import attnlab.runtime as runtime
 from attnlab.config import TrainConfig
 from attnlab.distributed import torch_optimizers
 from attnlab.optim import Muon, Optimizers, get_lr, make_optimizer, orthogonalize, set_lr, train_step
@@ -408,12 +409,14 @@ def test_orthogonalize_in_bf16_or_tf32_iterates_on_the_matrix_itself(monkeypatch
     update = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
     x = orthogonalize(update, QUINTIC, 5, 1e-7, torch.bfloat16)
     assert x.dtype == torch.bfloat16 and torch.linalg.svdvals(x.float()).max() < 1.5
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")  # what TF32 on CUDA sets (runtime.configure)
+    precision, cudnn_tf32 = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    runtime.configure(torch.device("cuda"))  # train.py's switches on a GPU: TF32 matmuls (flags only, no GPU needed)
     try:
+        assert not optim.full_precision(torch.float32) and optim.full_precision(torch.float64)
         x = orthogonalize(update, QUINTIC, 5, 1e-7, torch.float32)
     finally:
         torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn_tf32
     assert torch.linalg.svdvals(x).max() < 1.5
 
 

@@ -105,7 +105,7 @@ def test_keep_freed_memory_stops_the_training_steps_page_faulting():
                              env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
         return int(run.stdout)
     default, kept = faults("default"), faults("keep")
-    assert kept * 5 < default, (kept, default)  # kept: a small fraction of the default's (docs/log.md, 2026-12-07)
+    assert kept * 5 < default, (kept, default)  # kept: a small fraction of the default's (docs/log.md)
 
 
 def test_keep_freed_memory_declines_without_a_c_library(monkeypatch):
