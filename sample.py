@@ -18,7 +18,7 @@ from attnlab.cli import one_line_errors, quote_free_text, run_cli
 from attnlab.config import CONFIG_DIR, SampleConfig, register_configs
 from attnlab.decode import generate_stream
 from attnlab.hf import from_hf
-from attnlab.runtime import autocast, autocast_dtype, pick_device
+from attnlab.runtime import autocast, autocast_dtype, pick_device, skip_exit_collections
 from data.tokenizers import GPT2Tokenizer, load_tokenizer
 
 register_configs()
@@ -97,3 +97,4 @@ def main(dict_cfg):
 if __name__ == "__main__":
     quote_free_text(sys.argv, "prompt")
     run_cli(main)
+    skip_exit_collections()

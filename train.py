@@ -40,7 +40,7 @@ from attnlab.distributed import Processes, setup_processes, shard, wrap
 from attnlab.hf import pretrained_gpt2
 from attnlab.optim import get_lr, make_optimizer, set_lr, train_step, warmup_steps
 from attnlab.record import RunLog
-from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops
+from attnlab.runtime import autocast, autocast_dtype, configure, peak_flops, skip_exit_collections
 from attnlab.scoring import Tally, byte_counts, full_score, score_batch
 from data.corpus import load_meta, load_split, prepare
 from data.tokenizers import load_tokenizer
@@ -453,3 +453,4 @@ def main(dict_cfg):
 
 if __name__ == "__main__":
     run_cli(main)
+    skip_exit_collections()

@@ -5,6 +5,8 @@ memory) is decided here, in small functions the CPU tests reach too. The timing 
 """
 import ctypes
 import ctypes.util
+import gc
+import os
 import re
 import subprocess
 from contextlib import nullcontext
@@ -87,6 +89,16 @@ def keep_freed_memory():
         return False
     # both or neither: a trim threshold alone turns off glibc's adaptive mmap threshold, and every block mmaps
     return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20) and mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
+
+
+def skip_exit_collections():
+    """A command's last call: freeze what is left, so that Python's collections at exit do not scan every object torch
+    made once more (about a second, docs/log.md). Not under torchrun, where a process group frozen while alive once
+    outlived its gloo threads (docs/log.md). Returns whether it froze."""
+    if "WORLD_SIZE" in os.environ:
+        return False
+    gc.freeze()
+    return True
 
 
 def to_device(tensor, device):

@@ -113,6 +113,28 @@ def test_keep_freed_memory_declines_without_a_c_library(monkeypatch):
     assert runtime.keep_freed_memory() is False
 
 
+# what a command's last call leaves for the collections at exit, in a fresh process (a freeze is process-wide)
+EXIT = """
+import gc, torch
+from attnlab.runtime import skip_exit_collections
+kept = [[i] for i in range(100_000)]  # tracked objects alive at the end, as a run's are
+print(skip_exit_collections(), gc.get_freeze_count())
+"""
+
+
+@pytest.mark.parametrize("world_size", [None, "2"])
+def test_skip_exit_collections_freezes_one_process_runs_only(world_size):
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    if world_size:
+        env["WORLD_SIZE"] = world_size  # as torchrun sets it
+    run = subprocess.run([sys.executable, "-c", EXIT], cwd=REPO, capture_output=True, text=True, env=env, check=True)
+    froze, frozen = run.stdout.split()
+    if world_size:
+        assert (froze, frozen) == ("False", "0")
+    else:
+        assert froze == "True" and int(frozen) > 100_000  # the run's objects and torch's: no collection scans them
+
+
 def test_git_commit_is_this_checkouts_head():
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout with git installed")
