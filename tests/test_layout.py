@@ -16,8 +16,10 @@ TOP_LEVEL = {"model.py", "train.py", "sample.py", "configs", "data", "attnlab", 
              "LICENSE", "pyproject.toml", ".gitignore", ".ci"}
 # imported where they are used, so the rest runs without them
 OPTIONAL = {"transformers", "tokenizers", "wandb", "matplotlib"}
-# imported where they are used, since they take a second of every run's start-up and only a sharded run needs them
+# imported where they are used, since they take from every run's start-up and only some runs need them: a sharded
+# run the sharding machinery (a second), a .parquet corpus pyarrow (a tenth of one)
 SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
+PARQUET = {"pyarrow.parquet"}
 
 
 def project_modules():
@@ -84,12 +86,12 @@ def test_no_import_climbs_a_floor():
 
 def test_lazy_imports_are_for_optional_dependencies_and_sharding_only():
     lazy = [(name, imported) for name, tree in project_modules().items() for imported, top in imports(tree)
-            if not top and imported.split(".")[0] not in OPTIONAL and imported not in SHARDING]
+            if not top and imported.split(".")[0] not in OPTIONAL and imported not in SHARDING | PARQUET]
     assert not lazy
 
 
-def test_a_single_process_run_never_imports_the_sharding_machinery():
-    code = f"import sys, train; print(sorted(set(sys.modules) & {SHARDING!r}))"
+def test_a_single_process_run_never_imports_the_sharding_machinery_or_pyarrow():
+    code = f"import sys, train; print(sorted(set(sys.modules) & {SHARDING | PARQUET!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
