@@ -1,4 +1,5 @@
-"""Where the arithmetic runs: device choice, autocast dtype, GPU peaks for MFU, device syncs, the run's commit.
+"""Where the arithmetic runs: device choice, autocast dtype, GPU peaks for MFU, device syncs, the process's heap and
+exit, the run's commit.
 
 Shared by train.py, sample.py and the scripts, so each picks devices the same way. What only CUDA has (TF32, pinned
 memory) is decided here, in small functions the CPU tests reach too. The timing kit lives in scripts/timing.py.
