@@ -94,8 +94,8 @@ def keep_freed_memory():
 
 def skip_exit_collections():
     """A command's last call: freeze what is left, so that Python's collections at exit do not scan every object torch
-    made once more (about a second, docs/log.md). Not under torchrun, where a process group frozen while alive once
-    outlived its gloo threads (docs/log.md). Returns whether it froze."""
+    made once more (docs/log.md). Not under torchrun, where a freeze while the process group was alive once ended a
+    worker in an abort at exit. Returns whether it froze."""
     if "WORLD_SIZE" in os.environ:
         return False
     gc.freeze()

@@ -255,7 +255,7 @@ def _jsonl_documents(path, field):
 
 def _parquet_documents(path, field, rows_per_batch=1024):
     """One document per row of a .parquet file: the row's field column (rows with no text are skipped)."""
-    import pyarrow.parquet as pq  # here: its import is a tenth of a second that runs on other corpora never use
+    import pyarrow.parquet as pq  # here: its import slows every run's start, and only .parquet corpora need it
 
     parquet = pq.ParquetFile(path)
     if field not in parquet.schema_arrow.names:

@@ -16,8 +16,8 @@ TOP_LEVEL = {"model.py", "train.py", "sample.py", "configs", "data", "attnlab", 
              "LICENSE", "pyproject.toml", ".gitignore", ".ci"}
 # imported where they are used, so the rest runs without them
 OPTIONAL = {"transformers", "tokenizers", "wandb", "matplotlib"}
-# imported where they are used, since they take from every run's start-up and only some runs need them: a sharded
-# run the sharding machinery (a second), a .parquet corpus pyarrow (a tenth of one)
+# imported where they are used, since they slow every run's start-up and only some runs need them: a sharded run the
+# sharding machinery, a .parquet corpus pyarrow
 SHARDING = {"torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict"}
 PARQUET = {"pyarrow.parquet"}
 
@@ -84,7 +84,7 @@ def test_no_import_climbs_a_floor():
     assert not climbing
 
 
-def test_lazy_imports_are_for_optional_dependencies_and_sharding_only():
+def test_lazy_imports_are_for_optional_dependencies_sharding_and_parquet_only():
     lazy = [(name, imported) for name, tree in project_modules().items() for imported, top in imports(tree)
             if not top and imported.split(".")[0] not in OPTIONAL and imported not in SHARDING | PARQUET]
     assert not lazy
