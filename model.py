@@ -34,6 +34,10 @@ class GPTConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm (GPT-2's)
     mlp: str = "relu2"  # relu2 (squared ReLU, Primer) | gelu (tanh approximation, as GPT-2)
     qk_norm: bool = True  # RMS-normalise queries and keys per head before the dot product
+    # hashed n-gram embeddings: each token's embedding plus one row per n-gram ending at it, orders 2 to ngram
+    # (0: none), each order with ngram_buckets rows
+    ngram: int = 0
+    ngram_buckets: int = 8192
     window: int = 0  # each query attends to itself and the window-1 tokens before it; 0 = full causal attention
 
     def __post_init__(self):
@@ -60,6 +64,9 @@ class GPTConfig:
         require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
         require(self.rope_base > 0, f"rope_base={self.rope_base} must be positive")
         require(self.window >= 0, f"window={self.window} must be >= 0; use 0 for full causal attention")
+        require(self.ngram == 0 or self.ngram >= 2,
+                f"ngram={self.ngram} must be 0 (none) or an n-gram order of 2 or more, e.g. 4")
+        require(self.ngram_buckets > 0, f"ngram_buckets={self.ngram_buckets} must be positive, e.g. 8192")
 
     @property
     def kv_heads(self):
@@ -128,6 +135,19 @@ def apply_rope(x, cos, sin):
     x_cos = x * cos  # (B, nh, T, hs)
     swapped = x.roll(x.size(-1) // 2, -1)  # (B, nh, T, hs): (x2, x1)
     return torch.addcmul(x_cos, swapped, sin).type_as(x)  # x·cos + swapped·sin, sin's first half negated
+
+
+def ngram_rows(tokens, n, buckets):
+    """(B, T, n-1): for tokens (B, n-1+T), whose first n-1 are context only, the table row of each token's n-grams
+    of orders 2 to n: a polynomial hash modulo the prime 2^31 - 1 (below 2^63 for any id under 2^31), then order k's
+    share of buckets rows, which start at (k - 2) * buckets."""
+    T = tokens.size(1) - (n - 1)
+    h = tokens[:, n - 1:]  # (B, T): the hash of the 1-gram, each token itself
+    rows = []
+    for order in range(2, n + 1):
+        h = (h * 1_000_003 + tokens[:, n - order:n - order + T]) % (2**31 - 1)  # the n-gram one token longer
+        rows.append(h % buckets + (order - 2) * buckets)
+    return torch.stack(rows, -1)
 
 
 def band_mask(query_pos, key_pos, window=0):
@@ -241,6 +261,7 @@ class KVCache:
         """Forget every token, keeping the keys' and values' memory (generation refills the cache when its context is
         full)."""
         self.length = 0  # tokens held: sequence indices 0 .. length - 1
+        self.tokens = None  # (B, ngram - 1): the last tokens held, for a model with n-gram embeddings
         # (B, slots) False at padding and (B, 1) padding tokens so far, kept from the first call that needs a mask:
         # from then on every call builds one from them
         self.key_mask = None
@@ -436,10 +457,15 @@ class GPT(nn.Module):
             cos, sin = rope_tables(config.block_size, config.head_size, config.rope_base)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
+        if config.ngram:
+            # one table: order k's rows are (k - 2) * ngram_buckets onwards
+            self.transformer.ngram = nn.Embedding((config.ngram - 1) * config.ngram_buckets, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
         self.apply(self._init_weights)
+        if config.ngram:
+            nn.init.zeros_(self.transformer.ngram.weight)  # training starts from the plain model's function
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by 1/√(2·n_layer)
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -454,7 +480,7 @@ class GPT(nn.Module):
         """Parameters counted once (a tied head counts once); without embeddings drops wte and wpe."""
         skip = ()
         if not embeddings:
-            skip = ("transformer.wte", "transformer.wpe")
+            skip = ("transformer.wte", "transformer.wpe", "transformer.ngram")
         return sum(p.numel() for name, p in self.named_parameters() if not name.startswith(skip))
 
     def flops_per_token(self, seq_len=None):
@@ -517,6 +543,8 @@ class GPT(nn.Module):
             mask = keys.mask(query_pos, self.config.window)  # (B, 1, T, S)
             positions = keys.positions(query_pos)  # (B, T): real tokens before each one
         x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.ngram:
+            x = x + self.ngram_embedding(idx, real, cache)  # (B, T, C)
         rope = None
         if self.config.pos == "learned":
             x = x + self.transformer.wpe(positions)
@@ -541,6 +569,24 @@ class GPT(nn.Module):
         if targets is not None:
             loss = lm_loss(logits, targets, attention_mask)
         return logits, loss
+
+    def ngram_embedding(self, idx, real, cache):
+        """(B, T, C): for each token of idx (B, T), the sum of one row per n-gram ending at it, orders 2 to ngram,
+        each n-gram hashed into its order's ngram_buckets rows. Tokens before the sequence and padding (real False)
+        read as vocab_size, an id no text has; a cache holds the last ngram - 1 tokens of the calls before."""
+        B, T = idx.shape
+        n = self.config.ngram
+        none = self.config.vocab_size
+        if real is not None:
+            idx = idx.masked_fill(~real, none)
+        before = idx.new_full((B, n - 1), none)  # (B, n-1)
+        if cache is not None and cache.tokens is not None:
+            before = cache.tokens
+        tokens = torch.cat([before, idx], 1)  # (B, n-1+T)
+        if cache is not None:
+            cache.tokens = tokens[:, -(n - 1):]
+        rows = ngram_rows(tokens, n, self.config.ngram_buckets)  # (B, T, n-1)
+        return self.transformer.ngram(rows).sum(2)  # (B, T, n-1, C) -> (B, T, C)
 
     def chunked_loss(self, x, targets):
         """Whether forward computes its loss in chunks and returns no logits: a training step (targets, gradients on)

@@ -16,7 +16,8 @@ from model import GPT, GPTConfig
 # has the same name and shape on both sides, because model.py follows GPT-2's module names.
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # How GPT-2 computes, in GPTConfig's terms (Radford et al. 2019); the sizes come from each checkpoint
-GPT2_ARCH = dict(pos="learned", norm="layernorm", bias=True, mlp="gelu", tie_weights=True, qk_norm=False, window=0)
+GPT2_ARCH = dict(pos="learned", norm="layernorm", bias=True, mlp="gelu", tie_weights=True, qk_norm=False, window=0,
+                 ngram=0)
 
 
 def gpt2_config_problems(config: GPTConfig) -> list[str]:

@@ -9,7 +9,7 @@ from attnlab.checkpoint import build_model
 from attnlab.config import ModelConfig
 from attnlab.decode import generate, sample_token
 
-MODELS = ["gpt", "lstm", "gru"]
+MODELS = ["gpt", "gpt-ngram", "lstm", "gru"]  # gpt-ngram: a GPT with n-gram embeddings (orders 2, 3)
 VOCAB, W = 37, 16  # W: the GPT's block_size, its context window
 
 
@@ -17,7 +17,9 @@ def tiny(type):
     """A 2-layer model of width 32 whose matrices are drawn from N(0, 0.5): at the usual 0.02 init, greedy decoding
     repeats one token, which would hide a cache, padding or window bug."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(type=type, vocab_size=VOCAB, block_size=W, n_layer=2, n_head=4, n_embd=32))
+    ngram = dict(ngram=3, ngram_buckets=64) if type == "gpt-ngram" else {}
+    model = build_model(ModelConfig(type=type.removesuffix("-ngram"), vocab_size=VOCAB, block_size=W, n_layer=2,
+                                    n_head=4, n_embd=32, **ngram))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -37,7 +39,7 @@ def seeded(seed):
 def test_greedy_is_the_same_with_and_without_the_cache(type):
     model, prompt = tiny(type), prompts(2, 5)
     # the GPT within one window (its last step reads W tokens); an RNN has no window, so past block_size too
-    new = W - 5 + 1 if type == "gpt" else 2 * W
+    new = W - 5 + 1 if type.startswith("gpt") else 2 * W
     cached = model.generate(prompt, new, temperature=0)  # as nanoGPT's users call it
     assert cached.shape == (2, 5 + new) and torch.equal(cached[:, :5], prompt)
     assert len(set(cached[0, 5:].tolist())) > 3  # varied tokens, so that every step is checked
@@ -141,9 +143,10 @@ def reference_greedy(model, prompt, max_new_tokens, kv_cache):
     return tokens
 
 
+@pytest.mark.parametrize("type", ["gpt", "gpt-ngram"])
 @pytest.mark.parametrize("prompt_len", [5, W + 4])  # a prompt shorter and one longer than the window
-def test_decoding_past_the_window_follows_the_documented_policy(prompt_len):
-    model, prompt, new = tiny("gpt"), prompts(2, prompt_len), 3 * W + 5
+def test_decoding_past_the_window_follows_the_documented_policy(prompt_len, type):
+    model, prompt, new = tiny(type), prompts(2, prompt_len), 3 * W + 5
     cached = model.generate(prompt, new, temperature=0)  # as nanoGPT's users call it
     recomputed = generate(model, prompt, new, temperature=0, kv_cache=False)
     assert torch.equal(cached, reference_greedy(model, prompt, new, kv_cache=True))

@@ -96,6 +96,8 @@ def test_incompatible_model_names_what_to_change(tmp_path):
     assert not (tmp_path / "config.json").exists()
     gqa = GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=2)
     assert [p.split("=")[0] for p in gpt2_config_problems(gqa)] == ["n_kv_head"]
+    ngrams = GPTConfig(**{**TINY, **GPT2_ARCH, "ngram": 3})  # tables GPT-2 has no place for
+    assert [p.split("=")[0] for p in gpt2_config_problems(ngrams)] == ["ngram"]
     assert gpt2_config_problems(GPTConfig(**TINY, **GPT2_ARCH, n_kv_head=4, attn="manual")) == []
 
 

@@ -13,6 +13,7 @@ from model import (
     RMSNorm,
     apply_rope,
     lm_loss,
+    ngram_rows,
     rope_tables,
 )
 
@@ -25,6 +26,14 @@ def tiny(**kw):
     cfg.update(kw)
     torch.manual_seed(0)
     return GPT(GPTConfig(**cfg)).eval()
+
+
+def with_ngrams(n, **kw):
+    """A tiny model with n-gram embeddings of orders 2..n in 16 rows each, drawn at random: at their initial zeros
+    they would change nothing."""
+    model = tiny(ngram=n, ngram_buckets=16, **kw)
+    torch.nn.init.normal_(model.transformer.ngram.weight)
+    return model
 
 
 @pytest.mark.parametrize("attn", ATTN)
@@ -144,9 +153,9 @@ def test_kv_cache_with_left_padded_batch(pos):
     torch.testing.assert_close(cached_logits(model, x, 9, mask)[mask], full[mask], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("window", [0, 4])
-def test_the_cache_takes_pieces_padding_and_single_tokens_in_any_order(window):
-    model = tiny(n_kv_head=2, window=window)
+@pytest.mark.parametrize("window, ngram", [(0, 0), (4, 0), (0, 3)])
+def test_the_cache_takes_pieces_padding_and_single_tokens_in_any_order(window, ngram):
+    model = with_ngrams(ngram, n_kv_head=2, window=window) if ngram else tiny(n_kv_head=2, window=window)
     x = torch.randint(0, 37, (2, 24), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 24, dtype=torch.bool)
     mask[1, 5:8] = False  # padding first met by the third call, after tokens the cache held without a mask
@@ -179,6 +188,52 @@ def test_left_padding_gives_each_sequence_its_own_logits(attn, pos):
     logits = model(batch, attention_mask=mask)[0]
     torch.testing.assert_close(logits[0], model(a)[0][0], atol=1e-5, rtol=0)
     torch.testing.assert_close(logits[1, 6:], model(b)[0][0], atol=1e-5, rtol=0)
+
+
+def test_ngram_embeddings_read_each_token_with_the_ones_before_it_only():
+    model = with_ngrams(3)
+    x = torch.randint(0, 37, (1, 20))
+    changed = x.clone()
+    changed[0, 11] = (x[0, 11] + 5) % 37
+    a, b = model(x)[0], model(changed)[0]
+    torch.testing.assert_close(a[:, :11], b[:, :11], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[:, 11:], b[:, 11:])
+    # token 11's bigram and trigram, token 12's two and token 13's trigram hold it; no n-gram further on does
+    moved = (model.ngram_embedding(x, None, None) != model.ngram_embedding(changed, None, None)).any(-1)[0]
+    assert moved.nonzero().flatten().tolist() == [11, 12, 13]
+
+
+def test_ngram_rows_give_each_order_its_own_rows_from_its_last_tokens():
+    tokens = torch.tensor([[1, 2, 3, 4]])  # three tokens of context, then one token
+    rows = ngram_rows(tokens, 4, 1000)  # (1, 1, 3): its bigram, trigram and 4-gram
+    h2 = (4 * 1_000_003 + 3) % (2**31 - 1)  # the hash, written out: part of what a checkpoint's tables mean
+    h3 = (h2 * 1_000_003 + 2) % (2**31 - 1)
+    h4 = (h3 * 1_000_003 + 1) % (2**31 - 1)
+    assert rows.tolist() == [[[h2 % 1000, 1000 + h3 % 1000, 2000 + h4 % 1000]]]
+    other = ngram_rows(torch.tensor([[9, 2, 3, 4]]), 4, 1000)  # only the 4-gram differs
+    assert other[0, 0, :2].tolist() == rows[0, 0, :2].tolist() and other[0, 0, 2] != rows[0, 0, 2]
+    huge = ngram_rows(torch.tensor([[2**31 - 2, 5, 2**31 - 3, 7, 2**31 - 4]]), 4, 10)  # ids near 2^31: no overflow
+    assert huge.shape == (1, 2, 3)
+    assert all(((huge[..., k] >= 10 * k) & (huge[..., k] < 10 * (k + 1))).all() for k in range(3))
+
+
+@pytest.mark.parametrize("prefill", [1, 2, 10])
+def test_the_cache_carries_the_tokens_that_the_next_ngrams_need(prefill):
+    model = with_ngrams(4)
+    x = torch.randint(0, 37, (2, 24))
+    torch.testing.assert_close(cached_logits(model, x, prefill), model(x)[0], atol=1e-5, rtol=0)
+
+
+def test_ngram_embeddings_read_padding_as_the_start_of_a_sequence():
+    model = with_ngrams(3)
+    a, b = torch.randint(0, 37, (1, 15)), torch.randint(0, 37, (1, 9))
+    batch = torch.cat([a, torch.cat([torch.randint(0, 37, (1, 6)), b], dim=1)])
+    mask = torch.ones(2, 15, dtype=torch.bool)
+    mask[1, :6] = False
+    logits = model(batch, attention_mask=mask)[0]
+    torch.testing.assert_close(logits[0], model(a)[0][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[1, 6:], model(b)[0][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(cached_logits(model, batch, 8, mask)[mask], logits[mask], atol=1e-5, rtol=0)
 
 
 def test_padding_is_excluded_from_the_loss():
@@ -215,6 +270,9 @@ def test_weight_tying_parameter_counts_and_flops():
     assert GPT(GPTConfig(vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32, tie_weights=False)
                ).num_params() == blocks + 2 * 37 * 32
     assert model.flops_per_token() == 6 * (blocks + 37 * 32) + 12 * 2 * 32 * 32
+    ngrams = tiny(ngram=3, ngram_buckets=16)  # lookups, not matmuls: parameters, but no FLOPs
+    assert ngrams.num_params() == model.num_params() + 2 * 16 * 32
+    assert ngrams.num_params(embeddings=False) == blocks and ngrams.flops_per_token() == model.flops_per_token()
 
 
 def test_new_cache_holds_one_context_window():
@@ -289,7 +347,8 @@ def test_the_cache_update_writes_the_ring_and_returns_the_keys_the_queries_see()
     (dict(n_embd=36, n_head=4, pos="rope"), "RoPE needs an even head size"),
     (dict(n_head=4, n_kv_head=3), "not a multiple of n_kv_head=3"),
     (dict(pos="alibi"), "pos='alibi' is unknown"), (dict(attn="flash"), "attn='flash' is unknown"),
-    (dict(dropout=1.0), "dropout"), (dict(block_size=0), "block_size")])
+    (dict(dropout=1.0), "dropout"), (dict(block_size=0), "block_size"),
+    (dict(ngram=1), "ngram=1 must be 0"), (dict(ngram_buckets=0), "ngram_buckets=0 must be positive")])
 def test_bad_configs_name_the_fix(kw, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**kw)
