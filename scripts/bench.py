@@ -84,9 +84,10 @@ LEVERS = {BASE: [], "AdamW instead of Muon": ["train.optimizer=adamw"],
           "Muon momentum 0.95 instead of 0.85": ["train.muon_momentum=0.95"],
           "nanoGPT's evaluation (20 batches every 250 steps)": ["train.eval_interval=250", "train.eval_iters=20"],
           "bf16 autocast where native (train.dtype=auto) instead of fp32": ["train.dtype=auto"],
-          "warmup 30 steps instead of 100": ["train.warmup_iters=30"],
+          "warmup 100 steps instead of 30": ["train.warmup_iters=100"],
           "decay to zero instead of min_lr 1e-4": ["train.min_lr=0"],
-          "4 layers and 300 steps instead of 3 and 315 (nanoGPT's depth)": ["model.n_layer=4", "train.max_iters=300"]}
+          "4 layers instead of 3 (nanoGPT's depth)": ["model.n_layer=4"],
+          "no n-gram embeddings": ["model.ngram=0"]}
 
 
 def table(header, rows):

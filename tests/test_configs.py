@@ -129,6 +129,7 @@ def test_speed_experiments_compose_with_their_recipes():
     speedrun = compose("experiment=speedrun_cpu")
     assert speedrun.data.name == "shakespeare_char" and speedrun.train.optimizer == "muon"
     assert speedrun.train.final_eval == "full" and speedrun.model.pos == "rope"
+    assert speedrun.model.ngram >= 2  # its hashed n-gram embeddings, which the long recipe inherits
     nanogpt = compose("experiment=nanogpt_cpu", "train.final_eval=full")
     assert (nanogpt.model.n_layer, nanogpt.model.n_embd, nanogpt.model.block_size, nanogpt.train.batch_size,
             nanogpt.train.max_iters, nanogpt.model.pos, nanogpt.train.optimizer) == (4, 128, 64, 12, 2000, "learned",
@@ -141,8 +142,9 @@ def test_speed_experiments_compose_with_their_recipes():
     assert (long.model.n_layer, long.model.block_size, long.train.batch_size) == (3, 128, 24)
     # a step count, which repeats on any machine; scripts/bench.py gives it nanoGPT's wall there as a budget instead
     assert long.train.time_budget_s == 0 and long.train.max_iters == 640
-    assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.train.muon_momentum,
-            long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.train.muon_momentum, "full")
+    assert (long.train.optimizer, long.model.norm, long.model.qk_norm, long.model.ngram, long.train.muon_momentum,
+            long.train.final_eval) == ("muon", "rmsnorm", True, speedrun.model.ngram, speedrun.train.muon_momentum,
+                                       "full")
 
 
 def test_every_preset_the_readme_names_exists():
