@@ -34,10 +34,8 @@ class GPTConfig:
     norm: str = "rmsnorm"  # rmsnorm | layernorm (GPT-2's)
     mlp: str = "relu2"  # relu2 (squared ReLU, Primer) | gelu (tanh approximation, as GPT-2)
     qk_norm: bool = True  # RMS-normalise queries and keys per head before the dot product
-    # hashed n-gram embeddings: each token's embedding plus one row per n-gram ending at it, orders 2 to ngram
-    # (0: none), each order with ngram_buckets rows
-    ngram: int = 0
-    ngram_buckets: int = 8192
+    ngram: int = 0  # hashed n-gram embeddings: a row per n-gram ending at each token, orders 2 to ngram (0: none)
+    ngram_buckets: int = 8192  # each order's rows; n-grams whose hashes collide share one
     window: int = 0  # each query attends to itself and the window-1 tokens before it; 0 = full causal attention
 
     def __post_init__(self):
