@@ -475,7 +475,7 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def num_params(self, embeddings=True):
-        """Parameters counted once (a tied head counts once); without embeddings drops wte and wpe."""
+        """Parameters counted once (a tied head counts once); without embeddings drops wte, wpe and the n-gram table."""
         skip = ()
         if not embeddings:
             skip = ("transformer.wte", "transformer.wpe", "transformer.ngram")
