@@ -39,10 +39,10 @@ class HostReads:
         return wrapper
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_the_loop_reads_the_device_at_log_steps_only(tmp_path, monkeypatch, optimizer):
+@pytest.mark.parametrize("optimizer, ngram", [("adamw", 0), ("muon", 0), ("muon", 4)])
+def test_the_loop_reads_the_device_at_log_steps_only(tmp_path, monkeypatch, optimizer, ngram):
     cfg = tiny_config(tmp_path, max_iters=200, eval_interval=1000, optimizer=optimizer)
-    cfg = replace(cfg, logger=replace(cfg.logger, log_interval=1000))
+    cfg = replace(cfg, model=replace(cfg.model, ngram=ngram), logger=replace(cfg.logger, log_interval=1000))
     reads = HostReads(monkeypatch)
     monkeypatch.setattr(train_module, "validate", reads.paused(train_module.validate))  # evaluation is not a step
     monkeypatch.setattr(train_module.TrainingState, "save", reads.paused(train_module.TrainingState.save))

@@ -236,6 +236,20 @@ def test_ngram_embeddings_read_padding_as_the_start_of_a_sequence():
     torch.testing.assert_close(cached_logits(model, batch, 8, mask)[mask], logits[mask], atol=1e-5, rtol=0)
 
 
+def test_ngram_embeddings_run_on_the_meta_device_and_sum_in_fp32_under_bf16_autocast():
+    with torch.device("meta"):  # shapes and dtypes through the whole forward pass, with no data and no host read
+        meta = GPT(GPTConfig(vocab_size=37, block_size=32, n_layer=2, n_head=4, n_embd=32, ngram=4))
+        logits, loss = meta(torch.zeros(2, 16, dtype=torch.long), torch.zeros(2, 16, dtype=torch.long))
+    assert logits.shape == (2, 16, 37) and loss.shape == () and loss.device.type == "meta"
+    model = with_ngrams(4)
+    x = torch.randint(0, 37, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = model.ngram_embedding(x, None, None)
+    exact = model.double().ngram_embedding(x, None, None)  # (B, T, C) in fp64
+    assert mixed.dtype == torch.float32
+    torch.testing.assert_close(mixed.double(), exact, atol=1e-6, rtol=0)
+
+
 def test_padding_is_excluded_from_the_loss():
     model = tiny()
     b = torch.randint(0, 37, (1, 9))
